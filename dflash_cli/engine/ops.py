@@ -1,0 +1,72 @@
+"""Reference tensor operations (torch, any device).
+
+These are the semantics every fast kernel is checked against. Models call only
+these names, so a device-specific fast path can replace them without touching
+the model code.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in float32 like the reference implementations, then scale in x's dtype.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope_tables(head_dim: int, theta: float, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [max_positions, head_dim] in float32 (half-split layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    pos = torch.arange(max_positions, device=device, dtype=torch.float32)
+    freqs = torch.outer(pos, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; cos/sin: [T, D] float32 rows for x's positions."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    cos = cos[:, None, :].to(x.dtype)
+    sin = sin[:, None, :].to(x.dtype)
+    return x * cos + rotated * sin
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offset: int,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [S, KV, D] with grouped heads. Returns [T, H*D].
+
+    With `causal`, query i sits at key position q_offset + i and sees keys up to it.
+    """
+    t, h, d = q.shape
+    s, kvh, _ = k.shape
+    group = h // kvh
+    qh = q.transpose(0, 1)  # [H, T, D]
+    kh = k.transpose(0, 1).repeat_interleave(group, dim=0)
+    vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
+    mask = None
+    if causal:
+        qpos = torch.arange(t, device=q.device)[:, None] + q_offset
+        kpos = torch.arange(s, device=q.device)[None, :]
+        mask = kpos <= qpos
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1).reshape(t, h * d)

@@ -1,0 +1,105 @@
+"""Read safetensors checkpoints (single file or sharded) against an expected tensor list."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import DflashError
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+def tensor_files(model_dir: Path) -> dict[str, Path]:
+    """Map each tensor name to the file that holds it."""
+    model_dir = Path(model_dir)
+    index = model_dir / INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise DflashError(f"corrupt shard index {index}: {exc}") from None
+        files = {name: model_dir / fname for name, fname in weight_map.items()}
+        for path in sorted(set(files.values())):
+            if not path.is_file():
+                raise DflashError(f"missing shard {path.name} (listed in {index})")
+        return files
+    single = model_dir / SINGLE_NAME
+    if single.is_file():
+        return {name: single for name in _names_in(single)}
+    others = sorted(model_dir.glob("*.safetensors"))
+    if len(others) == 1:
+        return {name: others[0] for name in _names_in(others[0])}
+    raise DflashError(f"no safetensors weights in {model_dir} (expected {SINGLE_NAME} or {INDEX_NAME})")
+
+
+def _names_in(path: Path) -> list[str]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return list(f.keys())
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DflashError(f"cannot read {path.name}: {exc}") from None
+
+
+def load_tensors(
+    model_dir: Path,
+    expected: dict[str, tuple[int, ...]],
+    dtype: torch.dtype,
+    device: torch.device | str,
+    optional: set[str] = frozenset(),
+    ignore_prefixes: tuple[str, ...] = (),
+    rename=None,
+) -> dict[str, torch.Tensor]:
+    """Load exactly the `expected` tensors (name -> shape), each cast to dtype on device.
+
+    `rename` maps a checkpoint name to ours (or None to skip it). Every missing,
+    unexpected or wrongly shaped tensor is reported by name in one error.
+    Files are memory-mapped, so a tensor is materialised once, at its destination.
+    """
+    files = tensor_files(model_dir)
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    unexpected = []
+    for ckpt_name, path in files.items():
+        ours = rename(ckpt_name) if rename else ckpt_name
+        if ours is None or ckpt_name.startswith(ignore_prefixes):
+            continue
+        if ours not in expected:
+            unexpected.append(ckpt_name)
+            continue
+        by_file.setdefault(path, []).append((ckpt_name, ours))
+    found = {ours for pairs in by_file.values() for _, ours in pairs}
+    missing = [n for n in expected if n not in found and n not in optional]
+    problems = []
+    if missing:
+        problems.append("missing tensors: " + _names(missing))
+    if unexpected:
+        problems.append("unexpected tensors: " + _names(unexpected))
+    if problems:
+        raise DflashError(f"checkpoint {model_dir} does not match the model: " + "; ".join(problems))
+
+    out: dict[str, torch.Tensor] = {}
+    bad_shapes = []
+    for path, pairs in by_file.items():
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for ckpt_name, ours in pairs:
+                    shape = tuple(f.get_slice(ckpt_name).get_shape())
+                    if shape != tuple(expected[ours]):
+                        bad_shapes.append(f"{ckpt_name} {list(shape)} != expected {list(expected[ours])}")
+                        continue
+                    t = f.get_tensor(ckpt_name)
+                    out[ours] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise DflashError(f"cannot read {path.name}: {exc}") from None
+    if bad_shapes:
+        raise DflashError(f"checkpoint {model_dir} has wrongly shaped tensors: " + _names(bad_shapes))
+    return out
+
+
+def _names(items: list[str], limit: int = 8) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")

@@ -1,0 +1,95 @@
+"""The Qwen3 decoder layer's weights and sub-blocks, shared by the target and the DFlash drafter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine import ops
+from ..loading.config import Qwen3Config
+
+
+def layer_shapes(cfg: Qwen3Config, prefix: str, qk_norm: bool = True) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor names and shapes of one decoder layer under `prefix`."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    q_out, kv_out = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    shapes = {
+        f"{prefix}self_attn.q_proj.weight": (q_out, h),
+        f"{prefix}self_attn.k_proj.weight": (kv_out, h),
+        f"{prefix}self_attn.v_proj.weight": (kv_out, h),
+        f"{prefix}self_attn.o_proj.weight": (h, q_out),
+        f"{prefix}mlp.gate_proj.weight": (cfg.intermediate_size, h),
+        f"{prefix}mlp.up_proj.weight": (cfg.intermediate_size, h),
+        f"{prefix}mlp.down_proj.weight": (h, cfg.intermediate_size),
+        f"{prefix}input_layernorm.weight": (h,),
+        f"{prefix}post_attention_layernorm.weight": (h,),
+    }
+    if qk_norm:
+        shapes[f"{prefix}self_attn.q_norm.weight"] = (d,)
+        shapes[f"{prefix}self_attn.k_norm.weight"] = (d,)
+    if cfg.attention_bias:
+        shapes[f"{prefix}self_attn.q_proj.bias"] = (q_out,)
+        shapes[f"{prefix}self_attn.k_proj.bias"] = (kv_out,)
+        shapes[f"{prefix}self_attn.v_proj.bias"] = (kv_out,)
+    return shapes
+
+
+@dataclass
+class DecoderLayer:
+    """One layer with q/k/v and gate/up fused, so each is one matrix read per step."""
+
+    qkv: torch.Tensor  # [(H + 2*KV) * D, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    gate_up: torch.Tensor  # [2 * I, hidden]
+    down: torch.Tensor
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+
+    @classmethod
+    def take(cls, t: dict[str, torch.Tensor], prefix: str) -> "DecoderLayer":
+        """Build from loaded tensors, removing them from `t` so each is held once."""
+        a = f"{prefix}self_attn."
+        bias = None
+        if f"{a}q_proj.bias" in t:
+            bias = torch.cat([t.pop(f"{a}{n}_proj.bias") for n in "qkv"])
+        return cls(
+            qkv=torch.cat([t.pop(f"{a}{n}_proj.weight") for n in "qkv"]),
+            qkv_bias=bias,
+            o=t.pop(f"{a}o_proj.weight"),
+            gate_up=torch.cat([t.pop(f"{prefix}mlp.gate_proj.weight"), t.pop(f"{prefix}mlp.up_proj.weight")]),
+            down=t.pop(f"{prefix}mlp.down_proj.weight"),
+            input_norm=t.pop(f"{prefix}input_layernorm.weight"),
+            post_norm=t.pop(f"{prefix}post_attention_layernorm.weight"),
+            q_norm=t.pop(f"{a}q_norm.weight"),
+            k_norm=t.pop(f"{a}k_norm.weight"),
+        )
+
+
+def project_qkv(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config):
+    """x: [T, hidden] (already normed) -> q [T, H, D], k, v [T, KV, D]; q/k normed, no RoPE yet."""
+    d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    qkv = ops.linear(x, layer.qkv, layer.qkv_bias)
+    q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+    q = ops.rms_norm(q.reshape(-1, nh, d), layer.q_norm, cfg.rms_norm_eps)
+    k = ops.rms_norm(k.reshape(-1, nkv, d), layer.k_norm, cfg.rms_norm_eps)
+    return q, k, v.reshape(-1, nkv, d)
+
+
+def project_kv(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config):
+    """Keys/values only (normed k, no RoPE) — for context rows that never query."""
+    d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    w = layer.qkv[nh * d :]
+    b = layer.qkv_bias[nh * d :] if layer.qkv_bias is not None else None
+    k, v = ops.linear(x, w, b).split([nkv * d, nkv * d], dim=-1)
+    k = ops.rms_norm(k.reshape(-1, nkv, d), layer.k_norm, cfg.rms_norm_eps)
+    return k, v.reshape(-1, nkv, d)
+
+
+def mlp_block(layer: DecoderLayer, h: torch.Tensor, eps: float) -> torch.Tensor:
+    """Residual MLP half of the layer: h + down(silu(gate) * up)(norm(h))."""
+    x = ops.rms_norm(h, layer.post_norm, eps)
+    return h + ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down)

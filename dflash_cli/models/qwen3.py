@@ -1,0 +1,104 @@
+"""Qwen3 dense target model running spans of tokens against a static KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..engine import ops
+from ..engine.kv_cache import KVCache
+from ..loading.config import Qwen3Config
+from ..loading.weights import load_tensors
+from .decoder import DecoderLayer, layer_shapes, mlp_block, project_qkv
+
+
+def checkpoint_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
+    for i in range(cfg.num_hidden_layers):
+        shapes.update(layer_shapes(cfg, f"model.layers.{i}."))
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    return shapes
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor | None  # [T or 1, vocab] float32
+    hidden: torch.Tensor | None  # [T, len(capture) * hidden]: captured layer states, concatenated
+
+
+class Qwen3Model:
+    """Batch-size-1 Qwen3. Layer states are addressed like transformers' `hidden_states`:
+    index 0 is the embedding output, index i the output of layer i-1."""
+
+    def __init__(self, cfg: Qwen3Config, tensors: dict[str, torch.Tensor], device, dtype):
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        self.embed = tensors.pop("model.embed_tokens.weight")
+        self.layers = [DecoderLayer.take(tensors, f"model.layers.{i}.") for i in range(cfg.num_hidden_layers)]
+        self.norm = tensors.pop("model.norm.weight")
+        self.lm_head = self.embed if cfg.tie_word_embeddings else tensors.pop("lm_head.weight")
+        self.scale = cfg.head_dim**-0.5
+        self._rope_len = 0
+        self._ensure_rope(min(cfg.max_position_embeddings, 4096))
+
+    @classmethod
+    def load(cls, model_dir: Path, device="cpu", dtype=torch.float32) -> "Qwen3Model":
+        cfg = Qwen3Config.load(model_dir)
+        tensors = load_tensors(
+            model_dir,
+            checkpoint_shapes(cfg),
+            dtype,
+            device,
+            # Tied checkpoints sometimes still carry a copy of the head; rotary buffers are derived.
+            ignore_prefixes=("lm_head.",) if cfg.tie_word_embeddings else (),
+            rename=lambda n: None if n.endswith("rotary_emb.inv_freq") else n,
+        )
+        return cls(cfg, tensors, device, dtype)
+
+    def _ensure_rope(self, length: int) -> None:
+        if length > self._rope_len:
+            self.cos, self.sin = ops.rope_tables(self.cfg.head_dim, self.cfg.rope_theta, length, self.device)
+            self._rope_len = length
+
+    def new_cache(self, max_len: int) -> KVCache:
+        self._ensure_rope(max_len)
+        c = self.cfg
+        return KVCache.allocate(c.num_hidden_layers, max_len, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return ops.linear(ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps), self.lm_head).float()
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        start: int,
+        cache: KVCache,
+        capture: Sequence[int] = (),
+        all_logits: bool = False,
+    ) -> ForwardOut:
+        """Run `ids` ([T]) at positions [start, start+T), writing their KV into `cache`.
+
+        Returns logits of the last position (or of all with `all_logits`) and the
+        states named in `capture`, concatenated along the feature axis.
+        """
+        cfg = self.cfg
+        t = ids.shape[0]
+        cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        h = self.embed[ids]
+        captured = {0: h} if 0 in capture else {}
+        for i, layer in enumerate(self.layers):
+            x = ops.rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+            q, k, v = project_qkv(layer, x, cfg)
+            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+            keys, values = cache.write(i, start, k, v)
+            attn = ops.attention(q, keys, values, q_offset=start, causal=True, scale=self.scale)
+            h = h + ops.linear(attn, layer.o)
+            h = mlp_block(layer, h, cfg.rms_norm_eps)
+            if i + 1 in capture:
+                captured[i + 1] = h
+        hidden = torch.cat([captured[j] for j in capture], dim=-1) if capture else None
+        logits = self.logits(h if all_logits else h[-1:])
+        return ForwardOut(logits=logits, hidden=hidden)

@@ -1,0 +1,147 @@
+"""Build tiny checkpoints in the exact Hugging Face layout, for tests that never download."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+# A compact Qwen3-style template: same roles, thinking switch and generation prompt.
+CHAT_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if message.role != 'system' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+CORPUS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "The quick brown fox jumps over the lazy dog. Hello world! héllo wörld, naïve café — ünïcödé 日本語 テキスト",
+    "import torch\nfor i in range(10):\n    print(i * i)\n",
+    "user assistant system: what is two plus two? It is four.",
+]
+
+
+def make_tokenizer(out: Path, vocab_size: int = 320) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(out / "tokenizer.json"))
+    ids = {s: tok.token_to_id(s) for s in SPECIALS}
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": CHAT_TEMPLATE,
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "bos_token": None,
+                "added_tokens_decoder": {str(i): {"content": s, "special": True} for s, i in ids.items()},
+            }
+        )
+    )
+    return tok
+
+
+def qwen3_config(**over) -> dict:
+    cfg = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 384,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "torch_dtype": "float32",
+        "bos_token_id": None,
+        "eos_token_id": None,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def random_qwen3_tensors(cfg: dict, seed: int = 0, std: float = 0.08) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    h, d, inter = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g) * std
+
+    def norm(n):
+        return 1.0 + 0.1 * torch.randn(n, generator=g)
+
+    t = {"model.embed_tokens.weight": rnd(cfg["vocab_size"], h) * 10, "model.norm.weight": norm(h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t.update(
+            {
+                p + "self_attn.q_proj.weight": rnd(nh * d, h),
+                p + "self_attn.k_proj.weight": rnd(nkv * d, h),
+                p + "self_attn.v_proj.weight": rnd(nkv * d, h),
+                p + "self_attn.o_proj.weight": rnd(h, nh * d),
+                p + "self_attn.q_norm.weight": norm(d),
+                p + "self_attn.k_norm.weight": norm(d),
+                p + "mlp.gate_proj.weight": rnd(inter, h),
+                p + "mlp.up_proj.weight": rnd(inter, h),
+                p + "mlp.down_proj.weight": rnd(h, inter),
+                p + "input_layernorm.weight": norm(h),
+                p + "post_attention_layernorm.weight": norm(h),
+            }
+        )
+    if not cfg["tie_word_embeddings"]:
+        t["lm_head.weight"] = rnd(cfg["vocab_size"], h) * 10
+    return t
+
+
+def make_qwen3(out: Path, seed: int = 0, shards: int = 1, with_tokenizer: bool = True, **over) -> Path:
+    """Write a random-weight Qwen3 checkpoint (config, safetensors, tokenizer, generation config)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = qwen3_config(**over)
+    if with_tokenizer:
+        tok = make_tokenizer(out)
+        im_end, eot = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+        cfg["eos_token_id"] = im_end
+        (out / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": [im_end, eot], "pad_token_id": eot, "temperature": 0.6, "top_p": 0.95, "top_k": 20})
+        )
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_sharded(random_qwen3_tensors(cfg, seed), out, shards)
+    return out
+
+
+def save_sharded(tensors: dict[str, torch.Tensor], out: Path, shards: int = 1) -> None:
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if shards == 1:
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    names = sorted(tensors)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[s::shards]}
+        save_file(part, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
