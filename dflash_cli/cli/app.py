@@ -1,0 +1,118 @@
+"""The `dflash` command line: each command parses its flags and calls one function."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from ..errors import DflashError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Local LLM inference with speculative decoding (DFlash, EAGLE-3).")
+
+MODEL = typer.Option(None, "--model", "-m", help="Registry name, local folder or Hub repo id.")
+DEVICE = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda if available).")
+DTYPE = typer.Option(None, help="bfloat16, float16 or float32 (default: bf16 on GPU, fp32 on CPU).")
+TEMP = typer.Option(None, help="0 = greedy (default: the model's recommended value).")
+TOP_P = typer.Option(None, "--top-p")
+TOP_K = typer.Option(None, "--top-k")
+THINK = typer.Option(None, "--think/--no-think", help="Qwen3 thinking mode (default: the template's).")
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+@app.command()
+def generate(
+    model: Optional[str] = MODEL,
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p"),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", "-f"),
+    system: Optional[str] = typer.Option(None, "--system"),
+    raw: bool = typer.Option(False, "--raw", help="Tokenize the prompt as is: no template, no special tokens added."),
+    think: Optional[bool] = THINK,
+    temperature: Optional[float] = TEMP,
+    top_p: Optional[float] = TOP_P,
+    top_k: Optional[int] = TOP_K,
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    device: Optional[str] = DEVICE,
+    dtype: Optional[str] = DTYPE,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the stream."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Write one JSON line per decoding step."),
+):
+    """Generate one answer to a prompt (--prompt, --prompt-file or stdin)."""
+    from ..commands.generate import GenerateOptions, run_generate
+
+    run_generate(GenerateOptions(model, prompt, prompt_file, system, raw, think, temperature, top_p, top_k,
+                                 max_tokens, seed, device, dtype, json_out, trace), _console())
+
+
+@app.command()
+def chat(
+    model: Optional[str] = typer.Argument(None, help="Registry name, local folder or Hub repo id."),
+    system: Optional[str] = typer.Option(None, "--system"),
+    think: Optional[bool] = THINK,
+    temperature: Optional[float] = TEMP,
+    top_p: Optional[float] = TOP_P,
+    top_k: Optional[int] = TOP_K,
+    max_tokens: int = typer.Option(2048, "--max-tokens", "-n", help="Longest single answer."),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    context: Optional[int] = typer.Option(None, "--context", help="KV cache size in tokens."),
+    device: Optional[str] = DEVICE,
+    dtype: Optional[str] = DTYPE,
+):
+    """Interactive chat; the conversation stays in the KV cache between turns."""
+    from ..commands.chat import ChatOptions, run_chat
+
+    run_chat(ChatOptions(model, system, think, temperature, top_p, top_k, max_tokens, seed, context, device, dtype),
+             _console())
+
+
+@app.command()
+def models():
+    """List registry entries and what is downloaded."""
+    from ..commands.models import list_models
+
+    list_models(_console())
+
+
+@app.command()
+def pull(
+    model: Optional[str] = typer.Argument(None, help="Registry name or Hub repo id (default: the registry's default)."),
+    drafters: bool = typer.Option(True, "--drafters/--no-drafters", help="Also download the drafters."),
+):
+    """Download a model and its drafters (resumes interrupted downloads)."""
+    from ..commands.models import pull as do_pull
+
+    do_pull(model, drafters, _console())
+
+
+def main() -> None:
+    """Entry point: user-facing errors become one line on stderr and exit 1; Ctrl-C exits 130."""
+    try:
+        app(standalone_mode=False)
+    except DflashError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # click usage errors and anything unforeseen: still one line
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):  # click usage errors (typer may vendor click)
+            if exc.format_message():
+                print(f"error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        if type(exc).__name__ == "Abort":
+            sys.exit(130)
+        if os.environ.get("DFLASH_DEBUG"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (set DFLASH_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,182 @@
+"""The generation driver: prefill, then decoder steps until a stop id, max_tokens or a full context.
+
+A decoder is the strategy for one step (plain: one token; speculative: a
+verified span). The driver owns stopping, truncation, timing and the session
+invariant, so every decoder gets them identically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from ..errors import DflashError
+from .sampling import SamplingParams, sample
+from .session import Session, now
+
+
+@dataclass
+class Step:
+    emitted: list[int]  # tokens committed by this step, in order
+    draft: list[int] = field(default_factory=list)  # what the drafter proposed
+    accepted: int = 0  # how many drafts the target accepted
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+
+class Decoder(Protocol):
+    kind: str
+
+    def prefill(self, session: Session, ids: list[int]) -> torch.Tensor: ...
+
+    def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step: ...
+
+    def sync(self, session: Session) -> None: ...
+
+
+class PlainDecoder:
+    """One target forward per token."""
+
+    kind = "none"
+
+    def prefill(self, session: Session, ids: list[int]) -> torch.Tensor:
+        return session.forward(ids).logits[-1]
+
+    def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
+        t0 = now(session.device)
+        logits = session.forward([last]).logits[-1]
+        tok = int(sample(logits, params, gen).item())
+        return Step(emitted=[tok], verify_s=now(session.device) - t0)
+
+    def sync(self, session: Session) -> None:
+        pass
+
+
+@dataclass
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: Sequence[int] = ()
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    ttft_s: float
+    decode_s: float
+    steps: list[Step]
+    draft_kind: str = "none"
+    context_full: bool = False
+    interrupted: bool = False
+
+    @property
+    def decode_tok_per_s(self) -> float:
+        # Tokens after the first, over the time after the first.
+        n = len(self.tokens) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    def stats(self) -> dict:
+        from .stats import step_stats
+
+        return {
+            "ttft_s": round(self.ttft_s, 6),
+            "decode_s": round(self.decode_s, 6),
+            "decode_tok_per_s": round(self.decode_tok_per_s, 3),
+            "steps": len(self.steps),
+            "draft_kind": self.draft_kind,
+            **step_stats(self.steps),
+        }
+
+
+def check_fits(session: Session, n_prompt: int, max_tokens: int) -> None:
+    if max_tokens < 1:
+        raise DflashError(f"--max-tokens must be >= 1 (got {max_tokens})")
+    need = len(session.pending) + n_prompt
+    if need + 1 > session.room() + len(session.pending):
+        raise DflashError(
+            f"prompt is {n_prompt} tokens but only {session.room() - 1} fit in the context of {session.max_len}"
+        )
+
+
+def generate(
+    session: Session,
+    decoder: Decoder,
+    req: Request,
+    on_step: Callable[[Step], None] | None = None,
+) -> Result:
+    """Run one generation. Ctrl-C (KeyboardInterrupt) ends it early but keeps the session usable."""
+    check_fits(session, len(req.prompt_ids), req.max_tokens)
+    stops = set(req.stop_ids)
+    gen = None if req.params.greedy else req.params.generator(session.device)
+    tokens: list[int] = []
+    steps: list[Step] = []
+    old_pending = session.pending
+    ids = old_pending + list(req.prompt_ids)
+    session.pending = []
+    base = session.length + len(ids)  # committed length once the prompt is in
+    t_start = now(session.device)
+    ttft = decode_s = 0.0
+    finish, context_full, interrupted = "length", False, False
+    try:
+        logits = decoder.prefill(session, ids)
+        first = int(sample(logits, req.params, gen).item())
+        ttft = now(session.device) - t_start
+        first_step = Step(emitted=[first], verify_s=ttft)
+        tokens.append(first)
+        if on_step:
+            on_step(first_step)
+        t_decode = now(session.device)
+        while True:
+            if tokens[-1] in stops:
+                finish = "stop"
+                break
+            budget = req.max_tokens - len(tokens)
+            if budget <= 0:
+                break
+            if session.length + 1 >= session.max_len:
+                context_full = True
+                break
+            budget = min(budget, session.max_len - session.length - 1)
+            step = decoder.step(session, tokens[-1], budget, req.params, gen)
+            step.emitted = _cut(step.emitted, budget, stops)
+            tokens.extend(step.emitted)
+            steps.append(step)
+            if on_step:
+                on_step(step)
+        decode_s = now(session.device) - t_decode
+    except KeyboardInterrupt:
+        interrupted = True
+    if tokens:
+        # Every emitted token but the last is in the cache; the last is pending.
+        session.length = base + len(tokens) - 1
+        session.pending = tokens[-1:]
+    else:
+        # Interrupted before any output: as if the prompt had never been sent.
+        session.length = base - len(ids)
+        session.pending = old_pending
+    decoder.sync(session)
+    return Result(
+        tokens=tokens,
+        finish_reason=finish,
+        prompt_tokens=len(req.prompt_ids),
+        ttft_s=ttft,
+        decode_s=decode_s,
+        steps=steps,
+        draft_kind=decoder.kind,
+        context_full=context_full,
+        interrupted=interrupted,
+    )
+
+
+def _cut(emitted: list[int], budget: int, stops: set[int]) -> list[int]:
+    """Truncate a step's tokens at max_tokens and just after the first stop id."""
+    emitted = emitted[:budget]
+    for i, tok in enumerate(emitted):
+        if tok in stops:
+            return emitted[: i + 1]
+    return emitted

@@ -1,0 +1,59 @@
+"""One conversation's state on the target: its static cache and how much of it is committed."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from ..errors import DflashError
+
+
+def now(device: torch.device) -> float:
+    """Wall time after the device has finished queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+class Session:
+    """Target model + static KV cache with a committed length.
+
+    Invariant between generations: the cache holds every token of the
+    conversation except `pending` (the last sampled tokens, not yet forwarded).
+    """
+
+    def __init__(self, model, max_len: int):
+        limit = model.cfg.max_position_embeddings
+        if max_len > limit:
+            raise DflashError(f"context {max_len} exceeds the model's {limit} positions")
+        self.model = model
+        self.cache = model.new_cache(max_len)
+        self.length = 0
+        self.pending: list[int] = []
+
+    @property
+    def max_len(self) -> int:
+        return self.cache.max_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def room(self) -> int:
+        """Positions still free for new tokens (pending ones included)."""
+        return self.max_len - self.length - len(self.pending)
+
+    def reset(self) -> None:
+        self.length = 0
+        self.pending = []
+
+    def forward(self, ids: Sequence[int] | torch.Tensor, capture=(), all_logits=False):
+        """Forward `ids` at the committed end and commit them."""
+        t = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        if self.length + t.shape[0] > self.max_len:
+            raise DflashError(f"context is full ({self.max_len} tokens)")
+        out = self.model.forward(t, self.length, self.cache, capture=capture, all_logits=all_logits)
+        self.length += t.shape[0]
+        return out

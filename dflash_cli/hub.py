@@ -1,0 +1,81 @@
+"""Checkpoint files through huggingface_hub: the local cache first, a download when allowed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import DflashError
+
+# Only what the engine reads: never optimizer states, .bin duplicates or images.
+ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+]
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cached_snapshot(repo: str, revision: str | None = None) -> Path | None:
+    """The complete cached snapshot of `repo`, or None when it is not (fully) downloaded."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        path = Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, FileNotFoundError, OSError):
+        return None
+    except Exception:  # a missing file inside a partial snapshot raises other hub errors
+        return None
+    return path if (path / "config.json").is_file() else None
+
+
+def download(repo: str, revision: str | None = None, progress: bool = True) -> Path:
+    """Download (or resume) the files of `repo` the engine needs; returns the snapshot folder."""
+    if offline():
+        raise DflashError(f"{repo} is not downloaded and HF_HUB_OFFLINE is set: run `dflash pull` while online")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    (enable_progress_bars if progress else disable_progress_bars)()
+    try:
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
+    except GatedRepoError:
+        raise DflashError(f"{repo} is gated: accept its licence on the Hub and log in (`hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise DflashError(f"no such repository on the Hub: {repo}") from None
+    except RevisionNotFoundError:
+        raise DflashError(f"{repo} has no revision '{revision}'") from None
+    except HFValidationError as exc:
+        raise DflashError(f"not a valid model reference: {repo} ({str(exc).splitlines()[0]})") from None
+    except LocalEntryNotFoundError:
+        raise DflashError(
+            f"cannot reach the Hub to download {repo} and it is not in the cache; "
+            "connect and run `dflash pull`, or point --model at a local folder"
+        ) from None
+    except OSError as exc:
+        raise DflashError(f"download of {repo} failed: {exc}") from None
+
+
+def size_on_disk(path: Path) -> int:
+    """Bytes the snapshot's files take (cache entries are symlinks into blobs)."""
+    total = 0
+    for f in Path(path).rglob("*"):
+        if f.is_file():
+            total += f.resolve().stat().st_size
+    return total

@@ -1,0 +1,122 @@
+"""The model registry (`models.toml`) and how a model argument resolves to files on disk."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import hub
+from .errors import DflashError
+
+PACKAGED = Path(__file__).with_name("models.toml")
+DRAFT_KINDS = ("dflash", "eagle3")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A checkpoint: a local folder, or a Hub repo id (+ revision)."""
+
+    ref: str
+    revision: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return Path(self.ref).expanduser().is_dir()
+
+    def cached(self) -> Path | None:
+        if self.is_local:
+            return Path(self.ref).expanduser()
+        return hub.cached_snapshot(self.ref, self.revision)
+
+    def path(self, download: bool = True) -> Path:
+        """The folder with the checkpoint, downloading it if needed and allowed."""
+        found = self.cached()
+        if found is not None:
+            return found
+        if not _REPO_ID.match(self.ref):
+            raise DflashError(f"no such model folder, registry entry or Hub repo id: {self.ref}")
+        if not download or hub.offline():
+            raise DflashError(
+                f"{self.ref} is not downloaded (offline): run `dflash pull {self.ref}` with network access"
+            )
+        return hub.download(self.ref, self.revision)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    target: Source
+    drafters: dict[str, Source] = field(default_factory=dict)
+    context: int | None = None
+    draft_len: int | None = None
+    generation: dict = field(default_factory=dict)  # temperature, top_p, top_k
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Registry:
+    default: str
+    entries: dict[str, ModelEntry]
+    path: Path
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> "Registry":
+        path = Path(path or os.environ.get("DFLASH_REGISTRY") or PACKAGED)
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DflashError(f"model registry not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise DflashError(f"model registry {path} is not valid TOML: {exc}") from None
+        entries = {}
+        for name, spec in raw.get("models", {}).items():
+            entries[name] = _entry(name, spec, path)
+        default = raw.get("default", "")
+        if default and default not in entries:
+            raise DflashError(f"registry {path}: default '{default}' is not an entry")
+        return cls(default=default, entries=entries, path=path)
+
+    def resolve(self, model: str | None) -> ModelEntry:
+        """Registry name, then local folder, then Hub repo id."""
+        model = model or self.default
+        if not model:
+            raise DflashError("no --model given and the registry has no default")
+        if model in self.entries:
+            return self.entries[model]
+        if Path(model).expanduser().is_dir():
+            return ModelEntry(name=Path(model).name, target=Source(str(Path(model).expanduser())))
+        if _REPO_ID.match(model):
+            return ModelEntry(name=model, target=Source(model))
+        known = ", ".join(sorted(self.entries)) or "none"
+        raise DflashError(f"unknown model '{model}': not a registry entry ({known}), folder or Hub repo id")
+
+
+def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
+    if not isinstance(spec, dict) or "target" not in spec:
+        raise DflashError(f"registry {path}: entry '{name}' needs a 'target'")
+    base = path.parent
+
+    def src(ref: str, revision=None) -> Source:
+        # Relative local paths in the registry are relative to the registry file.
+        if ref.startswith((".", "/")):
+            ref = str((base / ref).resolve())
+        return Source(ref, revision)
+
+    drafters = {}
+    for kind, d in spec.get("drafters", {}).items():
+        if kind not in DRAFT_KINDS:
+            raise DflashError(f"registry {path}: entry '{name}' has unknown drafter kind '{kind}'")
+        drafters[kind] = src(d["repo"], d.get("revision")) if isinstance(d, dict) else src(d)
+    return ModelEntry(
+        name=name,
+        target=src(spec["target"], spec.get("revision")),
+        drafters=drafters,
+        context=spec.get("context"),
+        draft_len=spec.get("draft_len"),
+        generation=dict(spec.get("generation", {})),
+        description=spec.get("description", ""),
+    )
