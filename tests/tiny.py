@@ -145,3 +145,26 @@ def save_sharded(tensors: dict[str, torch.Tensor], out: Path, shards: int = 1) -
         save_file(part, str(out / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in part})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def make_dflash(out: Path, target_cfg: dict, seed: int = 1, layers: int = 2, block_size: int = 8,
+                target_layer_ids=None, mask_token_id=None, std: float = 0.08) -> Path:
+    """A random DFlash drafter in z-lab's layout (Qwen3 layers + fc + hidden_norm + norm)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    n_target = target_cfg["num_hidden_layers"]
+    ids = target_layer_ids if target_layer_ids is not None else [0, n_target - 2][:layers]
+    cfg = dict(target_cfg, architectures=["DFlashDraftModel"], num_hidden_layers=layers, num_target_layers=n_target,
+               block_size=block_size,
+               dflash_config={"mask_token_id": mask_token_id if mask_token_id is not None else target_cfg["vocab_size"] - 1,
+                              "target_layer_ids": ids})
+    g = torch.Generator().manual_seed(seed)
+    layer_tensors = random_qwen3_tensors(dict(cfg, vocab_size=1, tie_word_embeddings=True), seed, std)
+    t = {k[len("model."):]: v for k, v in layer_tensors.items() if k.startswith("model.layers.")}
+    h = cfg["hidden_size"]
+    t["fc.weight"] = torch.randn(h, len(ids) * h, generator=g) * std
+    t["hidden_norm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=g)
+    t["norm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=g)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_sharded(t, out)
+    return out

@@ -1,0 +1,1 @@
+"""Drafters behind the Proposer interface (engine/speculative.py)."""

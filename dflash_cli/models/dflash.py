@@ -1,0 +1,166 @@
+"""The DFlash block-diffusion drafter (z-lab checkpoints, e.g. z-lab/Qwen3-4B-DFlash-b16).
+
+One forward fills a block [last committed token, mask, mask, ...] at once. Its
+keys/values are the block's own plus context rows: the target's hidden states
+from `target_layer_ids` (concatenated, projected by `fc`, normed by
+`hidden_norm`), each layer projecting them with its own k/v weights, k-normed
+and rotated at their absolute positions. Attention is non-causal. Context rows
+are cached across steps; only newly committed tokens' rows are appended.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..engine import ops
+from ..engine.kv_cache import KVCache
+from ..errors import DflashError
+from ..loading.config import Qwen3Config, read_json
+from ..loading.weights import load_tensors
+from .decoder import DecoderLayer, layer_shapes, mlp_block, project_kv, project_qkv
+
+DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default spread of target layers when the config names none."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+class DFlashConfig:
+    def __init__(self, raw: dict, path: Path):
+        arch = raw.get("architectures") or []
+        block = raw.get("dflash_config") or {}
+        if any(a.startswith("DFlash2") for a in arch) or any(k in block or k in raw for k in DFLASH2_MARKERS):
+            raise DflashError(f"{path} is a DFlash 2 drafter (dynamic convolutions, candidate selector): not supported")
+        if arch and not any("DFlash" in a for a in arch):
+            raise DflashError(f"{path} is not a DFlash drafter (architectures: {', '.join(arch)})")
+        self.model = Qwen3Config.from_dict(raw, path)
+        get = lambda k, d=None: block.get(k, raw.get(k, d))  # noqa: E731 - dflash_config first, then top level
+        self.num_target_layers = int(get("num_target_layers", 0)) or None
+        layers = get("target_layer_ids")
+        if layers is None:
+            if not self.num_target_layers:
+                raise DflashError(f"{path}: no target_layer_ids and no num_target_layers")
+            layers = default_target_layers(self.num_target_layers, self.model.num_hidden_layers)
+        self.target_layer_ids = [int(i) for i in layers]
+        self.block_size = int(get("block_size", 16))
+        mask = get("mask_token_id")
+        if mask is None:
+            raise DflashError(f"{path}: dflash_config has no mask_token_id")
+        self.mask_token_id = int(mask)
+        self.embedding_scale = float(get("input_embedding_scale", 1.0))
+        self.output_multiplier = float(get("output_multiplier", 1.0))
+        softcap = get("final_logit_softcapping")
+        self.softcap = float(softcap) if softcap else None
+
+
+def checkpoint_shapes(c: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    m = c.model
+    shapes = {"fc.weight": (m.hidden_size, len(c.target_layer_ids) * m.hidden_size),
+              "hidden_norm.weight": (m.hidden_size,), "norm.weight": (m.hidden_size,)}
+    for i in range(m.num_hidden_layers):
+        shapes.update(layer_shapes(m, f"layers.{i}."))
+    return shapes
+
+
+class DFlashDrafter:
+    def __init__(self, c: DFlashConfig, tensors: dict[str, torch.Tensor], target, source: str = "drafter"):
+        _check_target(c, target, source)
+        self.c, self.cfg, self.target = c, c.model, target
+        self.device, self.dtype = target.device, target.dtype
+        self.fc = tensors.pop("fc.weight")
+        self.hidden_norm = tensors.pop("hidden_norm.weight")
+        self.norm = tensors.pop("norm.weight")
+        self.layers = [DecoderLayer.take(tensors, f"layers.{i}.") for i in range(self.cfg.num_hidden_layers)]
+        self.scale = self.cfg.head_dim**-0.5
+        # Hidden-state indices as in transformers' `hidden_states` (layer i's output is i+1).
+        self.capture = tuple(i + 1 for i in c.target_layer_ids)
+        self.cache: KVCache | None = None
+        self.ctx_len = 0
+
+    @classmethod
+    def load(cls, path: Path, target) -> "DFlashDrafter":
+        path = Path(path)
+        c = DFlashConfig(read_json(path / "config.json", "drafter config"), path / "config.json")
+        # Some exports prefix the drafter's own tensors with "model."; embeddings/head are the target's.
+        tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device,
+                               ignore_prefixes=("lm_head.", "embed_tokens.", "model.embed_tokens."),
+                               rename=lambda n: n[6:] if n.startswith("model.") else n)
+        return cls(c, tensors, target, source=str(path))
+
+    @property
+    def block_size(self) -> int:
+        return self.c.block_size
+
+    def reset(self, max_len: int) -> None:
+        """(Re)allocate the context cache for a session of `max_len` positions."""
+        m = self.cfg
+        if self.cache is None or self.cache.max_len < max_len:
+            self.cache = KVCache.allocate(m.num_hidden_layers, max_len, m.num_key_value_heads, m.head_dim,
+                                          self.dtype, self.device)
+        self.cos, self.sin = ops.rope_tables(m.head_dim, m.rope_theta, max_len + self.block_size, self.device)
+        self.ctx_len = 0
+
+    def rollback(self, length: int) -> None:
+        self.ctx_len = min(self.ctx_len, length)
+
+    def absorb(self, hidden: torch.Tensor, start: int) -> None:
+        """Append context rows for target positions [start, start+n) (their captured hidden states)."""
+        if start != self.ctx_len:
+            raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
+        m = self.cfg
+        n = hidden.shape[0]
+        ctx = ops.rms_norm(ops.linear(hidden, self.fc), self.hidden_norm, m.rms_norm_eps)
+        cos, sin = self.cos[start : start + n], self.sin[start : start + n]
+        for i, layer in enumerate(self.layers):
+            k, v = project_kv(layer, ctx, m)
+            self.cache.write(i, start, ops.apply_rope(k, cos, sin), v)
+        self.ctx_len = start + n
+
+    def draft_logits(self, last: int, n_draft: int) -> torch.Tensor:
+        """Logits [n_draft, V] for the positions after `last`, which sits at position ctx_len."""
+        m, c = self.cfg, self.c
+        pos = self.ctx_len
+        block = torch.full((n_draft + 1,), c.mask_token_id, dtype=torch.long, device=self.device)
+        block[0] = last
+        h = self.target.embed[block]
+        if c.embedding_scale != 1.0:
+            h = h * c.embedding_scale
+        cos, sin = self.cos[pos : pos + n_draft + 1], self.sin[pos : pos + n_draft + 1]
+        for i, layer in enumerate(self.layers):
+            x = ops.rms_norm(h, layer.input_norm, m.rms_norm_eps)
+            q, k, v = project_qkv(layer, x, m)
+            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+            keys = torch.cat([self.cache.k[i, :pos], k])
+            values = torch.cat([self.cache.v[i, :pos], v])
+            attn = ops.attention(q, keys, values, q_offset=pos, causal=False, scale=self.scale)
+            h = h + ops.linear(attn, layer.o)
+            h = mlp_block(layer, h, m.rms_norm_eps)
+        h = ops.rms_norm(h[1:], self.norm, m.rms_norm_eps)
+        logits = ops.linear(h, self.target.lm_head).float() * c.output_multiplier
+        if c.softcap:
+            logits = torch.tanh(logits / c.softcap) * c.softcap
+        return logits
+
+
+def _check_target(c: DFlashConfig, target, source: str) -> None:
+    t = target.cfg
+    problems = []
+    if c.model.hidden_size != t.hidden_size:
+        problems.append(f"hidden size {c.model.hidden_size} vs {t.hidden_size}")
+    if c.model.vocab_size != t.vocab_size:
+        problems.append(f"vocabulary {c.model.vocab_size} vs {t.vocab_size}")
+    if c.num_target_layers and c.num_target_layers != t.num_hidden_layers:
+        problems.append(f"{c.num_target_layers} target layers vs {t.num_hidden_layers}")
+    if max(c.target_layer_ids) >= t.num_hidden_layers:
+        problems.append(f"target layer {max(c.target_layer_ids)} does not exist")
+    if not 0 <= c.mask_token_id < t.vocab_size:
+        problems.append(f"mask token {c.mask_token_id} outside the vocabulary")
+    if problems:
+        raise DflashError(f"DFlash drafter {source} was made for a different target: " + "; ".join(problems))

@@ -1,0 +1,72 @@
+"""Our DFlash drafter and spec loop against z-lab's reference (`dflash` package) on random weights."""
+
+import json
+
+import pytest
+import torch
+
+from dflash_cli.engine.generation import Request, generate
+from dflash_cli.engine.proposers.dflash import DFlashProposer
+from dflash_cli.engine.sampling import SamplingParams
+from dflash_cli.engine.session import Session
+from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.qwen3 import Qwen3Model
+from tiny import make_dflash, make_qwen3
+
+transformers = pytest.importorskip("transformers")
+zlab = pytest.importorskip("dflash.model")
+
+
+@pytest.fixture(scope="module", params=[4, 8])
+def setup(request, tmp_path_factory):
+    block = request.param
+    root = tmp_path_factory.mktemp(f"dflash-b{block}")
+    target_dir = make_qwen3(root / "target", seed=5, num_hidden_layers=5)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    draft_dir = make_dflash(root / "draft", cfg, seed=6, layers=2, block_size=block, target_layer_ids=[1, 3])
+    ours_t = Qwen3Model.load(target_dir)
+    ours_d = DFlashDrafter.load(draft_dir, ours_t)
+    ref_t = transformers.Qwen3ForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    ref_d = zlab.DFlashDraftModel.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    return ours_t, ours_d, ref_t, ref_d
+
+
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_draft_logits_and_accepted_lengths_match_reference(setup, seed, monkeypatch):
+    import time
+
+    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)  # the reference times with CUDA syncs
+    ours_t, ours_d, ref_t, ref_d = setup
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 300, (11 + seed,), generator=g)
+    max_new = 40
+
+    ref_logits = []
+    orig = ref_d.compute_logits
+    ref_d.compute_logits = lambda hidden, head: ref_logits.append(orig(hidden, head)[0]) or ref_logits[-1][None]
+    try:
+        ref = zlab.dflash_generate(ref_d, ref_t, prompt[None], max_new, stop_token_ids=None, return_stats=True)
+    finally:
+        ref_d.compute_logits = orig
+
+    our_logits = []
+    orig_ours = ours_d.draft_logits
+    ours_d.draft_logits = lambda last, k: our_logits.append(orig_ours(last, k)) or our_logits[-1]
+    try:
+        session = Session(ours_t, max_len=prompt.shape[0] + max_new + 1)
+        res = generate(session, SpeculativeDecoder(DFlashProposer(ours_d)),
+                       Request(prompt.tolist(), SamplingParams(), max_tokens=max_new))
+    finally:
+        ours_d.draft_logits = orig_ours
+
+    assert res.tokens == ref.output_ids[0, prompt.shape[0]:].tolist()
+    assert [len(s.emitted) for s in res.steps] == ref.acceptance_lengths
+    assert len(our_logits) == len(ref_logits) >= 5
+    for a, b in zip(our_logits, ref_logits):
+        assert a.shape == b.shape
+        assert rel_err(a, b) <= 1e-4
