@@ -21,6 +21,9 @@ DTYPE = typer.Option(None, help="bfloat16, float16 or float32 (default: bf16 on 
 TEMP = typer.Option(None, help="0 = greedy (default: the model's recommended value).")
 TOP_P = typer.Option(None, "--top-p")
 TOP_K = typer.Option(None, "--top-k")
+DRAFT = typer.Option(None, "--draft", help="none, dflash, eagle3, or a drafter folder / Hub repo (default: dflash if registered).")
+DRAFT_LEN = typer.Option(None, "--draft-len", help="Draft tokens per step (default: the drafter's block or the registry's).")
+SHOW_DRAFTS = typer.Option(False, "--show-drafts", help="Colour tokens that came from accepted drafts.")
 THINK = typer.Option(None, "--think/--no-think", help="Qwen3 thinking mode (default: the template's).")
 
 
@@ -45,12 +48,16 @@ def generate(
     dtype: Optional[str] = DTYPE,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the stream."),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Write one JSON line per decoding step."),
+    draft: Optional[str] = DRAFT,
+    draft_len: Optional[int] = DRAFT_LEN,
+    show_drafts: bool = SHOW_DRAFTS,
 ):
     """Generate one answer to a prompt (--prompt, --prompt-file or stdin)."""
     from ..commands.generate import GenerateOptions, run_generate
 
     run_generate(GenerateOptions(model, prompt, prompt_file, system, raw, think, temperature, top_p, top_k,
-                                 max_tokens, seed, device, dtype, json_out, trace), _console())
+                                 max_tokens, seed, device, dtype, json_out, trace, draft, draft_len,
+                                 show_drafts), _console())
 
 
 @app.command()
@@ -66,11 +73,15 @@ def chat(
     context: Optional[int] = typer.Option(None, "--context", help="KV cache size in tokens."),
     device: Optional[str] = DEVICE,
     dtype: Optional[str] = DTYPE,
+    draft: Optional[str] = DRAFT,
+    draft_len: Optional[int] = DRAFT_LEN,
+    show_drafts: bool = SHOW_DRAFTS,
 ):
     """Interactive chat; the conversation stays in the KV cache between turns."""
     from ..commands.chat import ChatOptions, run_chat
 
-    run_chat(ChatOptions(model, system, think, temperature, top_p, top_k, max_tokens, seed, context, device, dtype),
+    run_chat(ChatOptions(model, system, think, temperature, top_p, top_k, max_tokens, seed, context, device, dtype,
+                         draft, draft_len, show_drafts),
              _console())
 
 

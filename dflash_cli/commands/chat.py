@@ -9,7 +9,8 @@ from pathlib import Path
 from rich.console import Console
 
 from ..conversation import Conversation
-from ..engine.generation import PlainDecoder, Request, Result, generate
+from ..drafters import make_decoder
+from ..engine.generation import Request, Result, generate
 from ..engine.session import Session
 from ..errors import DflashError
 from ..loading.bundle import open_bundle
@@ -34,6 +35,9 @@ class ChatOptions:
     context: int | None = None
     device: str | None = None
     dtype: str | None = None
+    draft: str | None = None
+    draft_len: int | None = None
+    show_drafts: bool = False
 
 
 class ChatRepl:
@@ -45,8 +49,8 @@ class ChatRepl:
         if context < 16 or context > limit:
             raise DflashError(f"--context must be between 16 and {limit} (got {context})")
         self.params = sampling_params(self.bundle, o.temperature, o.top_p, o.top_k, o.seed)
+        self.decoder = make_decoder(self.bundle, o.draft, o.draft_len)
         self.session = Session(self.bundle.load_model(), context)
-        self.decoder = PlainDecoder()
         self.conv = Conversation(self.bundle.tokenizer, system=o.system, think=o.think)
         self.results: list[Result] = []
         self.interactive = sys.stdin.isatty()
@@ -123,7 +127,7 @@ class ChatRepl:
             return
         tok = self.bundle.tokenizer
         req = Request(prompt_ids=ids, params=self.params, max_tokens=self.o.max_tokens, stop_ids=tok.stop_ids)
-        with StreamView(self.console, tok, tok.stop_ids) as view:
+        with StreamView(self.console, tok, tok.stop_ids, show_drafts=self.o.show_drafts) as view:
             result = generate(s, self.decoder, req, on_step=view.on_step)
         if not result.tokens:
             self.say("[stopped]")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..engine.generation import PlainDecoder, Request, generate
+from ..drafters import make_decoder
+from ..engine.generation import Request, generate
 from ..engine.session import Session
 from ..errors import DflashError
 from ..loading.bundle import open_bundle
@@ -34,6 +35,9 @@ class GenerateOptions:
     dtype: str | None = None
     json: bool = False
     trace: Path | None = None
+    draft: str | None = None
+    draft_len: int | None = None
+    show_drafts: bool = False
 
 
 def run_generate(o: GenerateOptions, console: Console) -> None:
@@ -56,15 +60,15 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         raise DflashError(f"prompt is {len(ids)} tokens; the context holds {limit}")
     params = sampling_params(bundle, o.temperature, o.top_p, o.top_k, o.seed)
     trace = _open_trace(o.trace)
-    bundle.load_model()
-    session = Session(bundle.model, max_len=min(limit, len(ids) + o.max_tokens + 1))
+    decoder = make_decoder(bundle, o.draft, o.draft_len)
+    # A little room past max_tokens so the last speculative steps keep their full block.
+    session = Session(bundle.load_model(), max_len=min(limit, len(ids) + o.max_tokens + 32))
     req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
-    decoder = PlainDecoder()
     try:
         if o.json:
             result = generate(session, decoder, req, on_step=_tracer(trace))
         else:
-            with StreamView(console, tok, tok.stop_ids) as view:
+            with StreamView(console, tok, tok.stop_ids, show_drafts=o.show_drafts) as view:
                 result = generate(session, decoder, req, on_step=_tee(view.on_step, _tracer(trace)))
     finally:
         if trace:
