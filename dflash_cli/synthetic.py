@@ -1,29 +1,35 @@
 """Random-weight models with the exact shapes of published checkpoints (no download).
 
 Used to measure what the engine costs per step on any GPU; results are labelled synthetic.
+The shapes come from `synthetic_configs/NAME.json`: the published config.json fields
+of a registry entry's target and drafters.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
+from .errors import DflashError
 from .loading.config import Qwen3Config
 from .models.qwen3 import Qwen3Model, checkpoint_shapes
 
-# config.json fields of the published Qwen3 checkpoints that shape the computation.
-QWEN3_SHAPES = {
-    "qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
-}
+CONFIG_DIR = Path(__file__).with_name("synthetic_configs")
+
+
+def shipped_configs(name: str) -> dict:
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        have = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+        raise DflashError(f"no synthetic shapes for '{name}' (have: {have})")
+    return json.loads(path.read_text())
 
 
 def qwen3_config(name: str, **over) -> Qwen3Config:
-    fields = dict(QWEN3_SHAPES[name], model_type="qwen3", rms_norm_eps=1e-6, rope_theta=1000000.0,
-                  max_position_embeddings=40960)
-    fields.update(over)
-    return Qwen3Config.from_dict(fields, path=f"<synthetic {name}>")
+    raw = dict(shipped_configs(name)["target"], **over)
+    return Qwen3Config.from_dict(raw, path=f"<synthetic {name}>")
 
 
 def random_tensors(shapes: dict[str, tuple[int, ...]], device, dtype, seed: int = 0, std: float = 0.02,
@@ -44,3 +50,24 @@ def random_tensors(shapes: dict[str, tuple[int, ...]], device, dtype, seed: int 
 def random_qwen3(name: str, device, dtype, seed: int = 0, **over) -> Qwen3Model:
     cfg = qwen3_config(name, **over)
     return Qwen3Model(cfg, random_tensors(checkpoint_shapes(cfg), device, dtype, seed), device, dtype)
+
+
+def random_drafter(name: str, kind: str, target, seed: int = 1):
+    """A random drafter of `kind` with the shapes of the entry's published drafter."""
+    raw = shipped_configs(name).get(kind)
+    if raw is None:
+        raise DflashError(f"no synthetic {kind} drafter shapes for '{name}'")
+    where = Path(f"<synthetic {name} {kind}>")
+    if kind == "dflash":
+        from .models.dflash import DFlashConfig, DFlashDrafter, checkpoint_shapes as shapes
+
+        c = DFlashConfig(raw, where)
+        return DFlashDrafter(c, random_tensors(shapes(c), target.device, target.dtype, seed), target, str(where))
+    if kind == "eagle3":
+        from .models.eagle3 import Eagle3Config, Eagle3Drafter
+
+        c = Eagle3Config(raw, where, target.cfg)
+        tensors = random_tensors(c.checkpoint_shapes(), target.device, target.dtype, seed)
+        tensors.update(c.identity_maps(target.device))
+        return Eagle3Drafter(c, tensors, target, str(where))
+    raise DflashError(f"unknown drafter kind '{kind}'")

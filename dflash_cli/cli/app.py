@@ -104,6 +104,29 @@ def pull(
     do_pull(model, drafters, _console())
 
 
+@app.command()
+def bench(
+    model: Optional[str] = MODEL,
+    draft: str = typer.Option("none,dflash", "--draft", help="Comma-separated modes: none, dflash, eagle3, drafter paths/repos."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL file, one {\"prompt\": ...} per line (default: built-in set)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
+    temperature: float = typer.Option(0.0, "--temperature"),
+    repeat: int = typer.Option(1, "--repeat"),
+    device: Optional[str] = DEVICE,
+    dtype: Optional[str] = DTYPE,
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Write all figures to this JSON file."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tok/s and accepted-length histograms (PNG)."),
+    synthetic: bool = typer.Option(False, "--synthetic", help="Random weights with the entry's exact shapes; no download."),
+    synthetic_tau: Optional[float] = typer.Option(None, "--synthetic-tau", help="Force this mean committed length."),
+):
+    """Compare plain decoding and drafters on the same prompts."""
+    from ..commands.bench import run_bench
+    from ..bench.run import BenchOptions, parse_drafts
+
+    run_bench(BenchOptions(model, parse_drafts(draft), prompts, max_tokens, temperature, repeat, device, dtype,
+                           json_file, plot, synthetic, synthetic_tau), _console())
+
+
 def main() -> None:
     """Entry point: user-facing errors become one line on stderr and exit 1; Ctrl-C exits 130."""
     try:

@@ -1,0 +1,1 @@
+"""`dflash bench`: plain decoding and drafters side by side on the same prompts."""

@@ -1,0 +1,55 @@
+"""Synthetic acceptance: a proposer wrapper that forces a chosen mean committed length.
+
+The real drafter runs at full cost; then its proposal is overwritten with the
+target's known greedy continuation for the first n positions and a wrong token
+at position n, with n drawn so that the mean committed length (n + 1) is tau.
+This measures the engine's per-step cost at a given acceptance on random weights.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+
+class ForcedAcceptance:
+    def __init__(self, inner, sequence: list[int], tau: float, vocab_size: int, seed: int = 0):
+        self.inner = inner
+        self.kind = inner.kind
+        self.capture = inner.capture
+        self.max_draft = inner.max_draft
+        self.sequence = sequence  # prompt + the target's greedy continuation
+        self.tau = tau
+        self.vocab_size = vocab_size
+        self.rng = random.Random(seed)
+        self.pos = 0  # position of the last committed token (the next proposal follows it)
+
+    def reset(self, max_len: int) -> None:
+        self.inner.reset(max_len)
+        self.pos = 0
+
+    def absorb(self, hidden, start: int, tokens: list[int]) -> None:
+        self.inner.absorb(hidden, start, tokens)
+        self.pos = start + len(tokens)
+
+    def rollback(self, length: int) -> None:
+        self.inner.rollback(length)
+        self.pos = min(self.pos, length)
+
+    def _n_right(self, k: int) -> int:
+        # Two-point distribution around tau - 1: exact at tau = 1 and tau = k + 1.
+        mean = min(max(self.tau - 1.0, 0.0), float(k))
+        lo = math.floor(mean)
+        return lo + (1 if self.rng.random() < mean - lo else 0)
+
+    def propose(self, last: int, k: int, params, gen):
+        drafts, probs = self.inner.propose(last, k, params, gen)
+        n = self._n_right(k)
+        truth = self.sequence[self.pos + 1 : self.pos + 1 + k]
+        forced = list(drafts)
+        for i in range(min(k, len(truth))):
+            if i < n:
+                forced[i] = truth[i]
+            elif i == n:
+                forced[i] = (truth[i] + 1) % self.vocab_size  # surely rejected
+        return forced, probs

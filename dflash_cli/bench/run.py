@@ -1,0 +1,230 @@
+"""Run every selected decoding mode over the same prompts and summarise per mode."""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..engine.generation import PlainDecoder, Request, Result, generate
+from ..engine.sampling import SamplingParams
+from ..engine.session import Session
+from ..errors import DflashError
+from .forced import ForcedAcceptance
+
+BUILTIN_PROMPTS = Path(__file__).with_name("prompts.jsonl")
+WARMUP_TOKENS = 16
+
+
+@dataclass
+class BenchOptions:
+    model: str | None = None
+    drafts: list[str] = field(default_factory=lambda: ["none", "dflash"])
+    prompts: Path | None = None
+    max_tokens: int = 256
+    temperature: float = 0.0
+    repeat: int = 1
+    device: str | None = None
+    dtype: str | None = None
+    json: Path | None = None
+    plot: Path | None = None
+    synthetic: bool = False
+    synthetic_tau: float | None = None
+    synthetic_prompt_len: int = 128
+    seed: int = 0
+
+
+def parse_drafts(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise DflashError("--draft needs at least one mode (none, dflash, eagle3, or a drafter path/repo)")
+    # Plain decoding is the baseline every speedup is measured against: always run it first.
+    return ["none"] + [d for d in dict.fromkeys(items) if d != "none"]
+
+
+def load_prompts(path: Path | None) -> list[dict]:
+    path = path or BUILTIN_PROMPTS
+    out = []
+    try:
+        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DflashError(f"cannot read prompts file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DflashError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise DflashError(f'{path}:{n}: each line must be an object with a "prompt" string')
+        out.append({"category": item.get("category", "user"), "prompt": item["prompt"]})
+    if not out:
+        raise DflashError(f"{path} holds no prompts")
+    return out
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    kind: str
+    results: list[Result]
+
+    def summary(self) -> dict:
+        from ..engine.stats import step_stats
+
+        rs = self.results
+        tokens = sum(max(len(r.tokens) - 1, 0) for r in rs)
+        decode = sum(r.decode_s for r in rs)
+        steps = [s for r in rs for s in r.steps]
+        st = step_stats(steps)
+        n = max(len(steps), 1)
+        return {
+            "mode": self.mode,
+            "draft_kind": self.kind,
+            "runs": len(rs),
+            "generated_tokens": sum(len(r.tokens) for r in rs),
+            "decode_tok_per_s": round(tokens / decode, 3) if decode else 0.0,
+            "ttft_s": round(sum(r.ttft_s for r in rs) / len(rs), 6),
+            "tau": st["mean_accepted"],
+            "accept_hist": st["accept_hist"],
+            "accept_by_position": st["accept_by_position"],
+            "draft_ms_per_step": round(st["draft_s"] / n * 1000, 4),
+            "verify_ms_per_step": round(st["verify_s"] / n * 1000, 4),
+            "step_ms": round(decode / n * 1000, 4),
+        }
+
+
+class BenchTarget:
+    """What a bench runs on: a real checkpoint (tokenized prompts) or a synthetic one (random ids)."""
+
+    def __init__(self, o: BenchOptions):
+        from ..loading.bundle import open_bundle, pick_device, pick_dtype
+        from ..registry import Registry
+
+        self.o = o
+        self._drafters: dict = {}
+        entry = Registry.load().resolve(o.model)
+        self.name = entry.name
+        self.prompts = load_prompts(o.prompts)
+        if o.synthetic:
+            from ..synthetic import random_qwen3
+
+            self.device = pick_device(o.device)
+            self.dtype = pick_dtype(o.dtype, self.device)
+            self.model = random_qwen3(entry.name, self.device, self.dtype, seed=o.seed)
+            g = torch.Generator().manual_seed(o.seed)
+            self.prompt_ids = [torch.randint(0, self.model.cfg.vocab_size, (o.synthetic_prompt_len,), generator=g).tolist()
+                               for _ in self.prompts]
+            self.stop_ids: list[int] = []
+            self.bundle = None
+        else:
+            self.bundle = open_bundle(entry, o.device, o.dtype)
+            self.device, self.dtype = self.bundle.device, self.bundle.dtype
+            tok = self.bundle.tokenizer
+            self.prompt_ids = [tok.encode(tok.render_chat([{"role": "user", "content": p["prompt"]}]))
+                               for p in self.prompts]
+            self.stop_ids = tok.stop_ids
+            self.model = self.bundle.load_model()
+        longest = max(len(p) for p in self.prompt_ids)
+        self.max_len = longest + o.max_tokens + 32
+        limit = self.model.cfg.max_position_embeddings
+        if self.max_len > limit:
+            raise DflashError(f"longest prompt + --max-tokens ({self.max_len}) exceeds the model's {limit} positions")
+
+    def decoder(self, mode: str, plain_runs: list[Result] | None, index: int | None):
+        if mode == "none":
+            return PlainDecoder()
+        if not self.o.synthetic:
+            from ..drafters import make_decoder
+
+            return make_decoder(self.bundle, mode)
+        from ..engine.speculative import SpeculativeDecoder
+        from ..synthetic import random_drafter
+        from ..drafters import LOADERS
+
+        if mode not in LOADERS:
+            raise DflashError(f"--synthetic takes drafter kinds (dflash, eagle3), not '{mode}'")
+        decoder = self._drafters.get(mode)
+        if decoder is None:
+            proposer = _proposer(mode, random_drafter(self.name, mode, self.model))
+            decoder = self._drafters[mode] = SpeculativeDecoder(proposer)
+        if self.o.synthetic_tau is not None and plain_runs is not None and index is not None:
+            seq = self.prompt_ids[index] + plain_runs[index].tokens
+            inner = getattr(decoder.proposer, "inner", decoder.proposer)
+            decoder.proposer = ForcedAcceptance(inner, seq, self.o.synthetic_tau, self.model.cfg.vocab_size, index)
+        return decoder
+
+
+def _proposer(kind: str, drafter):
+    if kind == "dflash":
+        from ..engine.proposers.dflash import DFlashProposer
+
+        return DFlashProposer(drafter)
+    from ..engine.proposers.eagle3 import Eagle3Proposer
+
+    return Eagle3Proposer(drafter)
+
+
+def run_modes(o: BenchOptions, on_progress=None) -> dict:
+    """Run all modes; returns the report dict (figures, device, versions)."""
+    if o.max_tokens < 1 or o.repeat < 1:
+        raise DflashError("--max-tokens and --repeat must be >= 1")
+    if o.synthetic and o.temperature > 0:
+        raise DflashError("--synthetic measures greedy steps: use --temperature 0")
+    bt = BenchTarget(o)
+    params = SamplingParams(temperature=o.temperature, seed=o.seed)
+    runs: list[ModeRun] = []
+    plain_first: list[Result] | None = None
+    for mode in o.drafts:
+        results: list[Result] = []
+        kind = "none"
+        for rep in range(o.repeat + 1):  # repetition 0 is the warm-up, not counted
+            for i, ids in enumerate(bt.prompt_ids):
+                if rep == 0 and i > 0:
+                    break
+                decoder = bt.decoder(mode, plain_first, i)
+                kind = decoder.kind
+                session = Session(bt.model, bt.max_len)
+                req = Request(ids, params, WARMUP_TOKENS if rep == 0 else o.max_tokens, bt.stop_ids)
+                r = generate(session, decoder, req)
+                if rep > 0:
+                    results.append(r)
+                    if on_progress:
+                        on_progress(mode, len(results), len(bt.prompt_ids) * o.repeat)
+        if mode == "none":
+            plain_first = results[: len(bt.prompt_ids)]
+        runs.append(ModeRun(mode, kind, results))
+    return report(o, bt, runs)
+
+
+def report(o: BenchOptions, bt: BenchTarget, runs: list[ModeRun]) -> dict:
+    summaries = [r.summary() for r in runs]
+    base = summaries[0]["decode_tok_per_s"] or None
+    for s in summaries:
+        s["speedup"] = round(s["decode_tok_per_s"] / base, 3) if base else None
+    try:
+        from importlib.metadata import version
+
+        ours = version("dflash-cli")
+    except Exception:
+        ours = "unknown"
+    return {
+        "model": bt.name,
+        "synthetic": o.synthetic,
+        "synthetic_tau": o.synthetic_tau,
+        "device": torch.cuda.get_device_name(bt.device) if bt.device.type == "cuda" else platform.processor() or "cpu",
+        "device_type": bt.device.type,
+        "dtype": str(bt.dtype).replace("torch.", ""),
+        "versions": {"dflash-cli": ours, "torch": torch.__version__, "python": platform.python_version()},
+        "max_tokens": o.max_tokens,
+        "temperature": o.temperature,
+        "repeat": o.repeat,
+        "prompts": [{"category": p["category"], "prompt_tokens": len(ids)} for p, ids in zip(bt.prompts, bt.prompt_ids)],
+        "modes": summaries,
+        "per_run": {r.mode: [{"tokens": len(x.tokens), "decode_s": round(x.decode_s, 6), "ttft_s": round(x.ttft_s, 6),
+                              "steps": len(x.steps), **x.stats()} for x in r.results] for r in runs},
+    }
