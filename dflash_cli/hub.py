@@ -7,7 +7,8 @@ from pathlib import Path
 
 from .errors import DflashError
 
-# Only what the engine reads: never optimizer states, .bin duplicates or images.
+# Only what the engine reads: never optimizer states or images. pytorch_model.bin is read
+# only when a drafter has no safetensors (some EAGLE-3 exports); Qwen3 repos have none.
 ALLOW_PATTERNS = [
     "config.json",
     "generation_config.json",
@@ -17,6 +18,7 @@ ALLOW_PATTERNS = [
     "special_tokens_map.json",
     "*.safetensors",
     "model.safetensors.index.json",
+    "pytorch_model.bin",
 ]
 
 

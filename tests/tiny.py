@@ -168,3 +168,37 @@ def make_dflash(out: Path, target_cfg: dict, seed: int = 1, layers: int = 2, blo
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     save_sharded(t, out)
     return out
+
+
+def make_eagle3(out: Path, target_cfg: dict, seed: int = 2, draft_vocab: int = 200, head_dim: int | None = None,
+                layout: str = "midlayer.", std: float = 0.08, **extra) -> Path:
+    """A random EAGLE-3 drafter in the native EAGLE/SpecForge layout (midlayer.*, d2t offsets, t2d mask)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    h, v = target_cfg["hidden_size"], target_cfg["vocab_size"]
+    heads, kv = target_cfg["num_attention_heads"], target_cfg["num_key_value_heads"]
+    d = head_dim or target_cfg.get("head_dim") or h // heads
+    inter = target_cfg["intermediate_size"]
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+           "hidden_size": h, "intermediate_size": inter, "head_dim": d, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "rms_norm_eps": 1e-6, "rope_theta": target_cfg.get("rope_theta", 10000.0),
+           "vocab_size": v, "draft_vocab_size": draft_vocab, "hidden_act": "silu", "tie_word_embeddings": False,
+           **extra}
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, generator=g) * std  # noqa: E731
+    norm = lambda n: 1.0 + 0.1 * torch.randn(n, generator=g)  # noqa: E731
+    p, a = layout, layout + "self_attn."
+    t = {"fc.weight": rnd(h, 3 * h), a + "q_proj.weight": rnd(heads * d, 2 * h), a + "k_proj.weight": rnd(kv * d, 2 * h),
+         a + "v_proj.weight": rnd(kv * d, 2 * h), a + "o_proj.weight": rnd(h, heads * d),
+         p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
+         p + "mlp.down_proj.weight": rnd(h, inter), p + "hidden_norm.weight": norm(h),
+         p + "input_layernorm.weight": norm(h), p + "post_attention_layernorm.weight": norm(h),
+         "norm.weight": norm(h), "lm_head.weight": rnd(draft_vocab, h) * 4}
+    used = torch.randperm(v, generator=g)[:draft_vocab].sort().values
+    t["d2t"] = used - torch.arange(draft_vocab)  # stored as offsets, as EAGLE's training script writes them
+    t2d = torch.zeros(v, dtype=torch.bool)
+    t2d[used] = True
+    t["t2d"] = t2d
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_sharded(t, out)
+    return out

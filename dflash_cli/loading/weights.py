@@ -12,6 +12,7 @@ from ..errors import DflashError
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+TORCH_NAME = "pytorch_model.bin"  # some EAGLE-3 drafters ship only this
 
 
 def tensor_files(model_dir: Path) -> dict[str, Path]:
@@ -34,12 +35,48 @@ def tensor_files(model_dir: Path) -> dict[str, Path]:
     others = sorted(model_dir.glob("*.safetensors"))
     if len(others) == 1:
         return {name: others[0] for name in _names_in(others[0])}
+    legacy = model_dir / TORCH_NAME
+    if legacy.is_file():
+        return {name: legacy for name in _names_in(legacy)}
     raise DflashError(f"no safetensors weights in {model_dir} (expected {SINGLE_NAME} or {INDEX_NAME})")
+
+
+class _TorchFile:
+    """safe_open's interface over a pytorch_model.bin (memory-mapped, tensors only, no pickled code)."""
+
+    def __init__(self, path: Path):
+        try:
+            self.tensors = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
+        except Exception as exc:  # torch raises many kinds for a corrupt or unsafe pickle
+            raise DflashError(f"cannot read {path.name}: {exc}") from None
+        if not isinstance(self.tensors, dict):
+            raise DflashError(f"cannot read {path.name}: not a state dict")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def keys(self):
+        return list(self.tensors)
+
+    def get_slice(self, name):
+        return self.tensors[name]
+
+    def get_tensor(self, name):
+        return self.tensors[name]
+
+
+def _open(path: Path):
+    if path.suffix == ".bin":
+        return _TorchFile(path)
+    return safe_open(str(path), framework="pt")
 
 
 def _names_in(path: Path) -> list[str]:
     try:
-        with safe_open(str(path), framework="pt") as f:
+        with _open(path) as f:
             return list(f.keys())
     except (SafetensorError, OSError, ValueError) as exc:
         raise DflashError(f"cannot read {path.name}: {exc}") from None
@@ -85,9 +122,9 @@ def load_tensors(
     bad_shapes = []
     for path, pairs in by_file.items():
         try:
-            with safe_open(str(path), framework="pt") as f:
+            with _open(path) as f:
                 for ckpt_name, ours in pairs:
-                    shape = tuple(f.get_slice(ckpt_name).get_shape())
+                    shape = tuple(_shape(f.get_slice(ckpt_name)))
                     if shape != tuple(expected[ours]):
                         bad_shapes.append(f"{ckpt_name} {list(shape)} != expected {list(expected[ours])}")
                         continue
@@ -98,6 +135,10 @@ def load_tensors(
     if bad_shapes:
         raise DflashError(f"checkpoint {model_dir} has wrongly shaped tensors: " + _names(bad_shapes))
     return out
+
+
+def _shape(t) -> tuple[int, ...]:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(t.get_shape())
 
 
 def _names(items: list[str], limit: int = 8) -> str:

@@ -1,0 +1,46 @@
+"""EAGLE-3 proposer: k chained drafter steps, each feeding its own output state forward."""
+
+from __future__ import annotations
+
+import torch
+
+from ...models.eagle3 import Eagle3Drafter
+from ..sampling import SamplingParams, draw, probabilities
+
+MAX_CHAIN = 16  # beyond this a chain's later positions are almost never accepted
+
+
+class Eagle3Proposer:
+    kind = "eagle3"
+
+    def __init__(self, drafter: Eagle3Drafter):
+        self.drafter = drafter
+        self.capture = drafter.capture
+        self.max_draft = MAX_CHAIN
+
+    def reset(self, max_len: int) -> None:
+        self.drafter.reset(max_len)
+
+    def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
+        self.drafter.absorb(hidden, start, tokens)
+
+    def propose(self, last: int, k: int, params: SamplingParams, gen):
+        d = self.drafter
+        pos, state = d.first_state()
+        token, drafts, rows = last, [], []
+        for _ in range(k):
+            logits, state = d.chain_step(pos, state, token)
+            if params.greedy:
+                token = int(d.draft_to_target[logits.argmax()])
+            else:
+                # The draft head covers a subset of the vocabulary: q is zero elsewhere.
+                q = logits.new_zeros(d.c.vocab)
+                q[d.draft_to_target] = probabilities(logits, params)
+                rows.append(q)
+                token = int(draw(q, gen))
+            drafts.append(token)
+            pos += 1
+        return drafts, (torch.stack(rows) if rows else None)
+
+    def rollback(self, length: int) -> None:
+        self.drafter.rollback(length)
