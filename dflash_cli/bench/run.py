@@ -35,6 +35,7 @@ class BenchOptions:
     synthetic_tau: float | None = None
     synthetic_prompt_len: int = 128
     seed: int = 0
+    draft_len: int | None = None
 
 
 def parse_drafts(text: str) -> list[str]:
@@ -107,7 +108,7 @@ class BenchTarget:
 
         self.o = o
         self._drafters: dict = {}
-        entry = Registry.load().resolve(o.model)
+        entry = self.entry = Registry.load().resolve(o.model)
         self.name = entry.name
         self.prompts = load_prompts(o.prompts)
         if o.synthetic:
@@ -141,7 +142,7 @@ class BenchTarget:
         if not self.o.synthetic:
             from ..drafters import make_decoder
 
-            return make_decoder(self.bundle, mode)
+            return make_decoder(self.bundle, mode, self.o.draft_len)
         from ..engine.speculative import SpeculativeDecoder
         from ..synthetic import random_drafter
         from ..drafters import LOADERS
@@ -151,7 +152,9 @@ class BenchTarget:
         decoder = self._drafters.get(mode)
         if decoder is None:
             proposer = _proposer(mode, random_drafter(self.name, mode, self.model))
-            decoder = self._drafters[mode] = SpeculativeDecoder(proposer)
+            # As for real drafters: DFlash's block is fixed by the checkpoint, EAGLE-3's chain by the registry.
+            k = self.o.draft_len or (self.entry.draft_len if mode == "eagle3" else None)
+            decoder = self._drafters[mode] = SpeculativeDecoder(proposer, k)
         if self.o.synthetic_tau is not None and plain_runs is not None and index is not None:
             seq = self.prompt_ids[index] + plain_runs[index].tokens
             inner = getattr(decoder.proposer, "inner", decoder.proposer)

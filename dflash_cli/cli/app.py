@@ -27,8 +27,11 @@ SHOW_DRAFTS = typer.Option(False, "--show-drafts", help="Colour tokens that came
 THINK = typer.Option(None, "--think/--no-think", help="Qwen3 thinking mode (default: the template's).")
 
 
-def _console() -> Console:
-    return Console(highlight=False)
+def _console(min_width: int | None = None) -> Console:
+    console = Console(highlight=False)
+    if min_width and not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = max(console.width, min_width)  # a table saved to a file should not wrap its columns
+    return console
 
 
 @app.command()
@@ -118,13 +121,14 @@ def bench(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tok/s and accepted-length histograms (PNG)."),
     synthetic: bool = typer.Option(False, "--synthetic", help="Random weights with the entry's exact shapes; no download."),
     synthetic_tau: Optional[float] = typer.Option(None, "--synthetic-tau", help="Force this mean committed length."),
+    draft_len: Optional[int] = DRAFT_LEN,
 ):
     """Compare plain decoding and drafters on the same prompts."""
     from ..commands.bench import run_bench
     from ..bench.run import BenchOptions, parse_drafts
 
     run_bench(BenchOptions(model, parse_drafts(draft), prompts, max_tokens, temperature, repeat, device, dtype,
-                           json_file, plot, synthetic, synthetic_tau), _console())
+                           json_file, plot, synthetic, synthetic_tau, draft_len=draft_len), _console(min_width=160))
 
 
 def main() -> None:

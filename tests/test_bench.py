@@ -1,0 +1,100 @@
+"""`dflash bench` on tiny models: all three modes, table + JSON, and --synthetic at the two exact τ ends."""
+
+import json
+
+import pytest
+
+from tiny import make_dflash, make_eagle3, make_qwen3
+
+BLOCK = 6  # DFlash block: 5 drafts per step
+CHAIN = 4  # EAGLE-3 chain length from the registry
+
+
+@pytest.fixture(scope="module")
+def tiny_registry(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target = make_qwen3(root / "target", seed=3, num_hidden_layers=6)
+    cfg = json.loads((target / "config.json").read_text())
+    make_dflash(root / "dflash", cfg, seed=4, layers=2, block_size=BLOCK, target_layer_ids=[1, 4])
+    make_eagle3(root / "eagle3", cfg, seed=5)
+    (root / "models.toml").write_text(f"""
+default = "tiny"
+[models.tiny]
+target = "./target"
+context = 512
+draft_len = {CHAIN}
+drafters = {{ dflash = "./dflash", eagle3 = "./eagle3" }}
+""")
+    # --synthetic reads shapes shipped per registry name: give it the tiny ones.
+    synth = root / "synthetic"
+    synth.mkdir()
+    draft_cfg = json.loads((root / "dflash" / "config.json").read_text())
+    eagle_cfg = json.loads((root / "eagle3" / "config.json").read_text())
+    (synth / "tiny.json").write_text(json.dumps({"target": cfg, "dflash": draft_cfg, "eagle3": eagle_cfg}))
+    (root / "prompts.jsonl").write_text('{"prompt": "def fibonacci(n):", "category": "code"}\n'
+                                        '{"prompt": "What is two plus two?"}\n')
+    return root
+
+
+@pytest.fixture
+def registry(tiny_registry, monkeypatch):
+    monkeypatch.setenv("DFLASH_REGISTRY", str(tiny_registry / "models.toml"))
+    monkeypatch.setattr("dflash_cli.synthetic.CONFIG_DIR", tiny_registry / "synthetic")
+    return tiny_registry
+
+
+def test_bench_all_three_modes_table_and_json(cli, registry, tmp_path):
+    out = tmp_path / "bench.json"
+    r = cli("bench", "--draft", "dflash,eagle3", "--prompts", registry / "prompts.jsonl", "--max-tokens", "12",
+            "--json", out)
+    assert r.code == 0, r.err
+    for word in ("dflash bench", "tok/s", "speedup", "τ", "draft ms/step", "verify ms/step", "none", "dflash", "eagle3"):
+        assert word in r.out
+    rep = json.loads(out.read_text())
+    assert [m["mode"] for m in rep["modes"]] == ["none", "dflash", "eagle3"]
+    assert [m["draft_kind"] for m in rep["modes"]] == ["none", "dflash", "eagle3"]
+    assert rep["device_type"] == "cpu" and rep["dtype"] == "float32" and "torch" in rep["versions"]
+    assert rep["synthetic"] is False and len(rep["prompts"]) == 2
+    for m in rep["modes"]:
+        assert m["runs"] == 2 and m["decode_tok_per_s"] > 0 and m["speedup"] > 0
+        assert m["generated_tokens"] > 0
+    dflash, eagle = rep["modes"][1], rep["modes"][2]
+    assert len(dflash["accept_hist"]) == BLOCK  # 0..5 accepted drafts
+    assert len(eagle["accept_hist"]) == CHAIN + 1
+    assert dflash["draft_ms_per_step"] > 0 and eagle["verify_ms_per_step"] > 0
+    # Lossless: the same greedy tokens in every mode.
+    per = rep["per_run"]
+    assert [x["tokens"] for x in per["none"]] == [x["tokens"] for x in per["dflash"]] == [x["tokens"] for x in per["eagle3"]]
+
+
+@pytest.mark.parametrize("tau", [1.0, None])
+def test_synthetic_forced_tau_is_what_the_label_says(cli, registry, tmp_path, tau):
+    """τ = 1: every draft rejected; τ = block size: every draft accepted (30 tokens after the first = whole spans)."""
+    full = BLOCK  # drafts + bonus
+    tau = tau or full
+    out = tmp_path / "synthetic.json"
+    r = cli("bench", "--synthetic", "--synthetic-tau", tau, "--draft", "dflash,eagle3", "--prompts",
+            registry / "prompts.jsonl", "--max-tokens", "31", "--json", out)
+    assert r.code == 0, r.err
+    assert "SYNTHETIC" in r.out
+    rep = json.loads(out.read_text())
+    assert rep["synthetic"] is True and rep["synthetic_tau"] == tau
+    dflash, eagle = rep["modes"][1], rep["modes"][2]
+    if tau == 1.0:
+        assert dflash["tau"] == 1.0 and eagle["tau"] == 1.0
+        assert dflash["accept_hist"][0] == sum(dflash["accept_hist"])
+    else:
+        assert dflash["tau"] == float(BLOCK)
+        assert dflash["accept_hist"][-1] == sum(dflash["accept_hist"])
+        assert eagle["tau"] == float(CHAIN + 1)  # forced τ is capped by the chain length
+
+
+def test_bench_bad_input_is_one_line(cli, registry, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    r = cli("bench", "--prompts", bad)
+    assert r.code == 1 and r.err.startswith("error:") and r.err.count("\n") == 1
+    r = cli("bench", "--synthetic-tau", "3")
+    assert r.code == 1 and "--synthetic" in r.err
+    r = cli("bench", "--synthetic", "--draft", "nope")
+    assert r.code == 1 and r.err.startswith("error:")
