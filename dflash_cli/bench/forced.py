@@ -4,12 +4,19 @@ The real drafter runs at full cost; then its proposal is overwritten with the
 target's known greedy continuation for the first n positions and a wrong token
 at position n, with n drawn so that the mean committed length (n + 1) is tau.
 This measures the engine's per-step cost at a given acceptance on random weights.
+
+In bf16 a verify span and a one-token decode round differently, and random
+weights leave many near-ties, so the target would often disagree with its own
+plain continuation: ForcedDecoder runs the real acceptance (same cost) and then
+commits exactly the forced count, so the measured τ is the one asked for.
 """
 
 from __future__ import annotations
 
 import math
 import random
+
+from ..engine.speculative import SpeculativeDecoder
 
 
 class ForcedAcceptance:
@@ -23,6 +30,7 @@ class ForcedAcceptance:
         self.vocab_size = vocab_size
         self.rng = random.Random(seed)
         self.pos = 0  # position of the last committed token (the next proposal follows it)
+        self.forced = 0  # drafts the current step must commit
 
     def reset(self, max_len: int) -> None:
         self.inner.reset(max_len)
@@ -44,7 +52,7 @@ class ForcedAcceptance:
 
     def propose(self, last: int, k: int, params, gen):
         drafts, probs = self.inner.propose(last, k, params, gen)
-        n = self._n_right(k)
+        n = self.forced = self._n_right(k)
         truth = self.sequence[self.pos + 1 : self.pos + 1 + k]
         forced = list(drafts)
         for i in range(min(k, len(truth))):
@@ -53,3 +61,12 @@ class ForcedAcceptance:
             elif i == n:
                 forced[i] = (truth[i] + 1) % self.vocab_size  # surely rejected
         return forced, probs
+
+
+class ForcedDecoder(SpeculativeDecoder):
+    """A speculative decoder whose proposer is a ForcedAcceptance: commits its forced count."""
+
+    def accept(self, drafts, q, logits, params, gen):
+        super().accept(drafts, q, logits, params, gen)  # keep the real acceptance's cost
+        n = min(self.proposer.forced, drafts.shape[0])
+        return n, int(logits[n].argmax())

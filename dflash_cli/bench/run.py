@@ -13,7 +13,7 @@ from ..engine.generation import PlainDecoder, Request, Result, generate
 from ..engine.sampling import SamplingParams
 from ..engine.session import Session
 from ..errors import DflashError
-from .forced import ForcedAcceptance
+from .forced import ForcedAcceptance, ForcedDecoder
 
 BUILTIN_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 WARMUP_TOKENS = 16
@@ -154,7 +154,8 @@ class BenchTarget:
             proposer = _proposer(mode, random_drafter(self.name, mode, self.model))
             # As for real drafters: DFlash's block is fixed by the checkpoint, EAGLE-3's chain by the registry.
             k = self.o.draft_len or (self.entry.draft_len if mode == "eagle3" else None)
-            decoder = self._drafters[mode] = SpeculativeDecoder(proposer, k)
+            make = ForcedDecoder if self.o.synthetic_tau is not None else SpeculativeDecoder
+            decoder = self._drafters[mode] = make(proposer, k)
         if self.o.synthetic_tau is not None and plain_runs is not None and index is not None:
             seq = self.prompt_ids[index] + plain_runs[index].tokens
             inner = getattr(decoder.proposer, "inner", decoder.proposer)

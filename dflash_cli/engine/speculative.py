@@ -62,14 +62,17 @@ class SpeculativeDecoder:
         t1 = now(session.device)
         out = session.forward([last] + drafts, capture=self.proposer.capture, all_logits=True)
         d = torch.tensor(drafts, dtype=torch.long, device=session.device)
-        if params.greedy:
-            n, bonus = accept_greedy(d, out.logits)
-        else:
-            n, bonus = accept_sampled(d, q, probabilities(out.logits, params), gen)
+        n, bonus = self.accept(d, q, out.logits, params, gen)
         session.length = start + n + 1  # roll back the rejected drafts' KV
         self.proposer.absorb(out.hidden[: n + 1], start, [last] + drafts[:n])
         t2 = now(session.device)
         return Step(emitted=drafts[:n] + [bonus], draft=drafts, accepted=n, draft_s=t1 - t0, verify_s=t2 - t1)
+
+    def accept(self, drafts: torch.Tensor, q, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[int, int]:
+        """(accepted drafts, the target's next token) from the verify logits [k+1, V]."""
+        if params.greedy:
+            return accept_greedy(drafts, logits)
+        return accept_sampled(drafts, q, probabilities(logits, params), gen)
 
     def sync(self, session: Session) -> None:
         self.proposer.rollback(session.length)
