@@ -32,8 +32,8 @@ class ForcedAcceptance:
         self.pos = 0  # position of the last committed token (the next proposal follows it)
         self.forced = 0  # drafts the current step must commit
 
-    def reset(self, max_len: int) -> None:
-        self.inner.reset(max_len)
+    def reset(self, max_len: int, path: str = "eager") -> None:
+        self.inner.reset(max_len, path)
         self.pos = 0
 
     def absorb(self, hidden, start: int, tokens: list[int]) -> None:

@@ -35,6 +35,10 @@ def print_table(rep: dict, console: Console) -> None:
             f"{m['step_ms']:.2f}",
         )
     console.print(table)
+    eng = rep.get("engine")
+    if eng:
+        console.print(f"engine: {eng['path']}" + (f" · {eng['graph_captures']} CUDA graphs captured in "
+                                                  f"{eng['graph_capture_s']:.2f} s" if eng["graph_captures"] else ""))
 
 
 def write_json(rep: dict, path: Path) -> None:

@@ -183,6 +183,8 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
     params = SamplingParams(temperature=o.temperature, seed=o.seed)
     runs: list[ModeRun] = []
     plain_first: list[Result] | None = None
+    # One session for every run: its cache and captured CUDA graphs are reused (reset = length 0).
+    session = Session(bt.model, bt.max_len)
     for mode in o.drafts:
         results: list[Result] = []
         kind = "none"
@@ -192,7 +194,7 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
                     break
                 decoder = bt.decoder(mode, plain_first, i)
                 kind = decoder.kind
-                session = Session(bt.model, bt.max_len)
+                session.reset()
                 req = Request(ids, params, WARMUP_TOKENS if rep == 0 else o.max_tokens, bt.stop_ids)
                 r = generate(session, decoder, req)
                 if rep > 0:
@@ -202,7 +204,11 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
         if mode == "none":
             plain_first = results[: len(bt.prompt_ids)]
         runs.append(ModeRun(mode, kind, results))
-    return report(o, bt, runs)
+    rep = report(o, bt, runs)
+    fast = session.fast
+    rep["engine"] = {"path": session.path, "graph_captures": fast.captures if fast else 0,
+                     "graph_capture_s": round(fast.capture_s, 3) if fast else 0.0}
+    return rep
 
 
 def report(o: BenchOptions, bt: BenchTarget, runs: list[ModeRun]) -> dict:

@@ -70,3 +70,16 @@ def attention(
         mask = kpos <= qpos
     out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
     return out.transpose(0, 1).reshape(t, h * d)
+
+
+def attention_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [S, KV, D]; visible: [T, S] bool. Returns [T, H*D].
+
+    Shapes never depend on the sequence length, so this runs inside a CUDA graph
+    whose positions live in device memory.
+    """
+    t, h, d = q.shape
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         attn_mask=visible, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1).reshape(t, h * d)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Sequence
 
 import torch
 
 from ..errors import DflashError
+from .graphs import MAX_ROWS
 
 
 def now(device: torch.device) -> float:
@@ -24,7 +26,10 @@ class Session:
     conversation except `pending` (the last sampled tokens, not yet forwarded).
     """
 
-    def __init__(self, model, max_len: int):
+    def __init__(self, model, max_len: int, path: str | None = None):
+        """path: "graphs" (CUDA-graph replay of short forwards; the default on CUDA unless
+        DFLASH_GRAPHS=0), "static" (the same device-position forward, run eagerly: tests
+        it on CPU) or "eager" (the default on CPU)."""
         limit = model.cfg.max_position_embeddings
         if max_len > limit:
             raise DflashError(f"context {max_len} exceeds the model's {limit} positions")
@@ -32,6 +37,15 @@ class Session:
         self.cache = model.new_cache(max_len)
         self.length = 0
         self.pending: list[int] = []
+        if path is None:
+            cuda = model.device.type == "cuda" and os.environ.get("DFLASH_GRAPHS", "1") != "0"
+            path = "graphs" if cuda else "eager"
+        self.path = path
+        self.fast = None
+        if path in ("graphs", "static"):
+            from .graphs import target_graphs
+
+            self.fast = target_graphs(model, self.cache, use_graphs=path == "graphs")
 
     @property
     def max_len(self) -> int:
@@ -51,9 +65,12 @@ class Session:
 
     def forward(self, ids: Sequence[int] | torch.Tensor, capture=(), all_logits=False):
         """Forward `ids` at the committed end and commit them."""
-        t = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        t = torch.as_tensor(ids, dtype=torch.long)
         if self.length + t.shape[0] > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")
-        out = self.model.forward(t, self.length, self.cache, capture=capture, all_logits=all_logits)
+        if self.fast is not None and t.shape[0] <= MAX_ROWS:
+            out = self.fast(t.tolist(), self.length, tuple(capture), all_logits)
+        else:
+            out = self.model.forward(t.to(self.device), self.length, self.cache, capture=capture, all_logits=all_logits)
         self.length += t.shape[0]
         return out

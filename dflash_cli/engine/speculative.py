@@ -22,7 +22,8 @@ class Proposer(Protocol):
     capture: tuple[int, ...]  # target hidden-state indices the drafter is conditioned on
     max_draft: int  # most tokens one proposal can hold
 
-    def reset(self, max_len: int) -> None: ...
+    def reset(self, max_len: int, path: str = "eager") -> None:
+        """Start a session of max_len positions; path is the session's ("eager", "static", "graphs")."""
 
     def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
         """Learn committed target positions [start, start+n): their hidden states and token ids."""
@@ -42,7 +43,7 @@ class SpeculativeDecoder:
 
     def _ensure(self, session: Session) -> None:
         if self._max_len != session.max_len or session.length == 0:
-            self.proposer.reset(session.max_len)
+            self.proposer.reset(session.max_len, session.path)
             self._max_len = session.max_len
 
     def prefill(self, session: Session, ids: list[int]) -> torch.Tensor:

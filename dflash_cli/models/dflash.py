@@ -16,6 +16,7 @@ import torch
 
 from ..engine import ops
 from ..engine.kv_cache import KVCache
+from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
@@ -82,6 +83,7 @@ class DFlashDrafter:
         # Hidden-state indices as in transformers' `hidden_states` (layer i's output is i+1).
         self.capture = tuple(i + 1 for i in c.target_layer_ids)
         self.cache: KVCache | None = None
+        self.graphs = self.fast = self.fast_absorb = None
         self.ctx_len = 0
 
     @classmethod
@@ -98,13 +100,33 @@ class DFlashDrafter:
     def block_size(self) -> int:
         return self.c.block_size
 
-    def reset(self, max_len: int) -> None:
-        """(Re)allocate the context cache for a session of `max_len` positions."""
+    def reset(self, max_len: int, path: str = "eager") -> None:
+        """(Re)allocate the context cache for a session of `max_len` positions.
+
+        The block's own rows are written past the context, so the cache holds one block more.
+        path "graphs"/"static": the draft forward runs on device-held positions (see engine/graphs.py).
+        """
         m = self.cfg
-        if self.cache is None or self.cache.max_len < max_len:
-            self.cache = KVCache.allocate(m.num_hidden_layers, max_len, m.num_key_value_heads, m.head_dim,
+        rows = max_len + self.block_size
+        if self.cache is None or self.cache.max_len < rows:
+            self.cache = KVCache.allocate(m.num_hidden_layers, rows, m.num_key_value_heads, m.head_dim,
                                           self.dtype, self.device)
-        self.cos, self.sin = ops.rope_tables(m.head_dim, m.rope_theta, max_len + self.block_size, self.device)
+            self.cos, self.sin = ops.rope_tables(m.head_dim, m.rope_theta, rows, self.device)
+            self.graphs = None
+        if path in ("graphs", "static") and getattr(self, "graphs", None) is None:
+            from ..engine.graphs import Graphs
+
+            def fn(ids, start, window):
+                span = StaticSpan(self.cache, start, ids.shape[0], window, self.cos, self.sin, causal=False)
+                return self._block_logits(ids, span)
+
+            def absorb(hidden, start, window):
+                self._absorb(hidden, StaticSpan(self.cache, start, hidden.shape[0], window, self.cos, self.sin))
+
+            use = path == "graphs"
+            self.graphs = (Graphs(fn, self.device, self.cache.max_len, use),
+                           Graphs(absorb, self.device, self.cache.max_len, use))
+        self.fast, self.fast_absorb = self.graphs if path in ("graphs", "static") else (None, None)
         self.ctx_len = 0
 
     def rollback(self, length: int) -> None:
@@ -114,33 +136,39 @@ class DFlashDrafter:
         """Append context rows for target positions [start, start+n) (their captured hidden states)."""
         if start != self.ctx_len:
             raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
-        m = self.cfg
         n = hidden.shape[0]
+        if self.fast_absorb is not None and n <= self.block_size:  # per-step commits; prompts run eagerly
+            self.fast_absorb(hidden, start)
+        else:
+            self._absorb(hidden, Span(self.cache, start, n, self.cos, self.sin))
+        self.ctx_len = start + n
+
+    def _absorb(self, hidden: torch.Tensor, span) -> None:
+        m = self.cfg
         ctx = ops.rms_norm(ops.linear(hidden, self.fc), self.hidden_norm, m.rms_norm_eps)
-        cos, sin = self.cos[start : start + n], self.sin[start : start + n]
         for i, layer in enumerate(self.layers):
             k, v = project_kv(layer, ctx, m)
-            self.cache.write(i, start, ops.apply_rope(k, cos, sin), v)
-        self.ctx_len = start + n
+            span.write(i, ops.apply_rope(k, span.cos, span.sin), v)
 
     def draft_logits(self, last: int, n_draft: int) -> torch.Tensor:
         """Logits [n_draft, V] for the positions after `last`, which sits at position ctx_len."""
+        block = [last] + [self.c.mask_token_id] * n_draft
+        if self.fast is not None:
+            return self.fast(block, self.ctx_len)
+        ids = torch.tensor(block, dtype=torch.long, device=self.device)
+        return self._block_logits(ids, Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False))
+
+    def _block_logits(self, block: torch.Tensor, span) -> torch.Tensor:
+        # The block's keys/values land in the cache after the context; absorb overwrites them later.
         m, c = self.cfg, self.c
-        pos = self.ctx_len
-        block = torch.full((n_draft + 1,), c.mask_token_id, dtype=torch.long, device=self.device)
-        block[0] = last
         h = self.target.embed[block]
         if c.embedding_scale != 1.0:
             h = h * c.embedding_scale
-        cos, sin = self.cos[pos : pos + n_draft + 1], self.sin[pos : pos + n_draft + 1]
         for i, layer in enumerate(self.layers):
             x = ops.rms_norm(h, layer.input_norm, m.rms_norm_eps)
             q, k, v = project_qkv(layer, x, m)
-            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-            keys = torch.cat([self.cache.k[i, :pos], k])
-            values = torch.cat([self.cache.v[i, :pos], v])
-            attn = ops.attention(q, keys, values, q_offset=pos, causal=False, scale=self.scale)
-            h = h + ops.linear(attn, layer.o)
+            q, k = ops.apply_rope(q, span.cos, span.sin), ops.apply_rope(k, span.cos, span.sin)
+            h = h + ops.linear(span.attend(i, q, k, v, self.scale), layer.o)
             h = mlp_block(layer, h, m.rms_norm_eps)
         h = ops.rms_norm(h[1:], self.norm, m.rms_norm_eps)
         logits = ops.linear(h, self.target.lm_head).float() * c.output_multiplier

@@ -17,6 +17,7 @@ import torch
 
 from ..engine import ops
 from ..engine.kv_cache import KVCache
+from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
@@ -129,6 +130,7 @@ class Eagle3Drafter:
         # Hidden-state indices as in transformers' `hidden_states`: the input of layer i is index i.
         self.capture = tuple(c.aux_layers)
         self.cache: KVCache | None = None
+        self.graphs = self.fast = None
         self.fused: torch.Tensor | None = None  # fc-projected target states by position
         self.rows = 0  # drafter rows (positions) whose KV is valid
 
@@ -156,13 +158,19 @@ class Eagle3Drafter:
         return cls(c, tensors, target, str(path))
 
     # -- state -----------------------------------------------------------------------------
-    def reset(self, max_len: int) -> None:
+    def reset(self, max_len: int, path: str = "eager") -> None:
         c = self.c
         rows = max_len + 64  # chained rows run past the committed end
         if self.cache is None or self.cache.max_len < rows:
             self.cache = KVCache.allocate(1, rows, c.kv_heads, c.head_dim, self.dtype, self.device)
             self.fused = torch.zeros(rows, c.hidden, dtype=self.dtype, device=self.device)
             self.cos, self.sin = ops.rope_tables(c.head_dim, c.rope_theta, rows, self.device)
+            self.graphs = None
+        if path in ("graphs", "static") and self.graphs is None:
+            from ..engine.graphs import Graphs
+
+            self.graphs = Graphs(self._greedy_chain, self.device, self.cache.max_len, use_graphs=path == "graphs")
+        self.fast = self.graphs if path in ("graphs", "static") else None
         self.rows = 0
         self.committed = 0
 
@@ -184,11 +192,12 @@ class Eagle3Drafter:
         first = max(start - 1, 0)
         nxt = torch.tensor(tokens[first + 1 - start :], dtype=torch.long, device=self.device)
         if nxt.numel():
-            self._rows(first, self.fused[first : first + nxt.numel()], nxt)
+            span = Span(self.cache, first, nxt.numel(), self.cos, self.sin)
+            self._rows(span, self.fused[first : first + nxt.numel()], nxt)
         self.rows = first + nxt.numel()
 
-    def _rows(self, pos: int, state: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-        """Run the layer on rows at positions [pos, pos+n) (writing their KV); returns pre-norm outputs."""
+    def _rows(self, span, state: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """Run the layer on the span's rows (writing their KV); returns pre-norm outputs."""
         c = self.c
         n = state.shape[0]
         emb = ops.rms_norm(self.embed[next_ids], self.input_norm, c.eps)
@@ -196,13 +205,12 @@ class Eagle3Drafter:
         x = torch.cat([emb, normed], dim=-1)
         q, k, v = ops.linear(x, self.qkv).split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
                                                 c.kv_heads * c.head_dim], dim=-1)
-        cos, sin = self.cos[pos : pos + n], self.sin[pos : pos + n]
+        cos, sin = span.cos, span.sin
         q, k = q.reshape(n, c.heads, c.head_dim), k.reshape(n, c.kv_heads, c.head_dim)
         if self.q_norm is not None:
             q, k = ops.rms_norm(q, self.q_norm, c.eps), ops.rms_norm(k, self.k_norm, c.eps)
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        keys, values = self.cache.write(0, pos, k, v.reshape(n, c.kv_heads, c.head_dim))
-        attn = ops.attention(q, keys, values, q_offset=pos, causal=True, scale=self.scale)
+        attn = span.attend(0, q, k, v.reshape(n, c.kv_heads, c.head_dim), self.scale)
         h = (normed if c.norm_before_residual else state) + ops.linear(attn, self.o)
         x = ops.rms_norm(h, self.post_norm, c.eps)
         return h + ops.linear(ops.silu_mul(ops.linear(x, self.gate_up)), self.down)
@@ -213,10 +221,35 @@ class Eagle3Drafter:
 
     def chain_step(self, pos: int, state: torch.Tensor, token: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One chained row at `pos`: returns (draft-vocab logits [Vd], pre-norm output [1, H])."""
-        out = self._rows(pos, state, torch.tensor([token], dtype=torch.long, device=self.device))
+        span = Span(self.cache, pos, 1, self.cos, self.sin)
+        out = self._rows(span, state, torch.tensor([token], dtype=torch.long, device=self.device))
         return self.logits(out)[0], out
 
     def first_state(self) -> tuple[int, torch.Tensor]:
         """Position and state of the first chained row: the latest committed target position."""
         pos = self.committed - 1
         return pos, self.fused[pos : pos + 1]
+
+    def greedy_chain(self, last: int, k: int) -> list[int]:
+        """k greedy chained drafts (target ids) after `last`; on the fast path one graph replay, one sync."""
+        if self.fast is None:
+            pos, state = self.first_state()
+            token, drafts = last, []
+            for i in range(k):
+                logits, state = self.chain_step(pos + i, state, token)
+                token = int(self.draft_to_target[logits.argmax()])
+                drafts.append(token)
+            return drafts
+        return self.fast([last], self.committed, k, end=self.committed + k).tolist()
+
+    def _greedy_chain(self, last: torch.Tensor, committed: torch.Tensor, window: int, k: int) -> torch.Tensor:
+        """The chain on device: positions, states and tokens never leave the GPU."""
+        pos = committed - 1
+        state = self.fused.index_select(0, pos.view(1))
+        token, drafts = last, []
+        for i in range(k):
+            span = StaticSpan(self.cache, pos + i, 1, window, self.cos, self.sin)
+            state = self._rows(span, state, token)
+            token = self.draft_to_target[self.logits(state).argmax(-1)]
+            drafts.append(token)
+        return torch.cat(drafts)

@@ -10,6 +10,7 @@ import torch
 
 from ..engine import ops
 from ..engine.kv_cache import KVCache
+from ..engine.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
 from ..loading.weights import load_tensors
 from .decoder import DecoderLayer, layer_shapes, mlp_block, project_qkv
@@ -84,17 +85,24 @@ class Qwen3Model:
         Returns logits of the last position (or of all with `all_logits`) and the
         states named in `capture`, concatenated along the feature axis.
         """
+        return self.run(ids, Span(cache, start, ids.shape[0], self.cos, self.sin), capture, all_logits)
+
+    def forward_static(self, ids: torch.Tensor, start: torch.Tensor, cache: KVCache, window: int,
+                       capture: Sequence[int] = (), all_logits: bool = False) -> ForwardOut:
+        """As `forward`, with the start position in device memory (CUDA-graph capturable)."""
+        span = StaticSpan(cache, start, ids.shape[0], window, self.cos, self.sin)
+        return self.run(ids, span, capture, all_logits)
+
+    def run(self, ids: torch.Tensor, span, capture: Sequence[int], all_logits: bool) -> ForwardOut:
         cfg = self.cfg
-        t = ids.shape[0]
-        cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        cos, sin = span.cos, span.sin
         h = self.embed[ids]
         captured = {0: h} if 0 in capture else {}
         for i, layer in enumerate(self.layers):
             x = ops.rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = project_qkv(layer, x, cfg)
             q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-            keys, values = cache.write(i, start, k, v)
-            attn = ops.attention(q, keys, values, q_offset=start, causal=True, scale=self.scale)
+            attn = span.attend(i, q, k, v, self.scale)
             h = h + ops.linear(attn, layer.o)
             h = mlp_block(layer, h, cfg.rms_norm_eps)
             if i + 1 in capture:

@@ -16,8 +16,8 @@ class DFlashProposer:
         self.capture = drafter.capture
         self.max_draft = drafter.block_size - 1
 
-    def reset(self, max_len: int) -> None:
-        self.drafter.reset(max_len)
+    def reset(self, max_len: int, path: str = "eager") -> None:
+        self.drafter.reset(max_len, path)
 
     def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
         self.drafter.absorb(hidden, start)

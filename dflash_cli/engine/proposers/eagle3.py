@@ -18,29 +18,28 @@ class Eagle3Proposer:
         self.capture = drafter.capture
         self.max_draft = MAX_CHAIN
 
-    def reset(self, max_len: int) -> None:
-        self.drafter.reset(max_len)
+    def reset(self, max_len: int, path: str = "eager") -> None:
+        self.drafter.reset(max_len, path)
 
     def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
         self.drafter.absorb(hidden, start, tokens)
 
     def propose(self, last: int, k: int, params: SamplingParams, gen):
         d = self.drafter
+        if params.greedy:
+            return d.greedy_chain(last, k), None
         pos, state = d.first_state()
         token, drafts, rows = last, [], []
         for _ in range(k):
             logits, state = d.chain_step(pos, state, token)
-            if params.greedy:
-                token = int(d.draft_to_target[logits.argmax()])
-            else:
-                # The draft head covers a subset of the vocabulary: q is zero elsewhere.
-                q = logits.new_zeros(d.c.vocab)
-                q[d.draft_to_target] = probabilities(logits, params)
-                rows.append(q)
-                token = int(draw(q, gen))
+            # The draft head covers a subset of the vocabulary: q is zero elsewhere.
+            q = logits.new_zeros(d.c.vocab)
+            q[d.draft_to_target] = probabilities(logits, params)
+            rows.append(q)
+            token = int(draw(q, gen))
             drafts.append(token)
             pos += 1
-        return drafts, (torch.stack(rows) if rows else None)
+        return drafts, torch.stack(rows) if rows else None
 
     def rollback(self, length: int) -> None:
         self.drafter.rollback(length)

@@ -1,0 +1,48 @@
+"""Where a forward's rows sit in a KV cache and which keys they see.
+
+`Span` is the eager form: positions are a host integer, writes and reads are
+slices. `StaticSpan` holds positions in device memory and reads a fixed window
+of the cache under a mask, so a forward built on it can be captured once in a
+CUDA graph and replayed at any position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .kv_cache import KVCache
+
+
+class Span:
+    def __init__(self, cache: KVCache, start: int, rows: int, cos: torch.Tensor, sin: torch.Tensor, causal=True):
+        self.cache, self.start, self.causal = cache, start, causal
+        self.cos, self.sin = cos[start : start + rows], sin[start : start + rows]
+
+    def write(self, layer: int, k, v) -> None:
+        self.cache.write(layer, self.start, k, v)
+
+    def attend(self, layer: int, q, k, v, scale: float) -> torch.Tensor:
+        keys, values = self.cache.write(layer, self.start, k, v)
+        return ops.attention(q, keys, values, q_offset=self.start, causal=self.causal, scale=scale)
+
+
+class StaticSpan:
+    def __init__(self, cache: KVCache, start: torch.Tensor, rows: int, window: int, cos: torch.Tensor,
+                 sin: torch.Tensor, causal=True):
+        """start: device int64 scalar tensor; window: how many cache rows attention reads (>= start + rows)."""
+        self.cache, self.window = cache, window
+        self.positions = start + torch.arange(rows, device=start.device)
+        self.cos, self.sin = cos.index_select(0, self.positions), sin.index_select(0, self.positions)
+        keys = torch.arange(window, device=start.device)
+        last = self.positions if causal else self.positions[-1:].expand(rows)
+        self.visible = keys[None, :] <= last[:, None]
+
+    def write(self, layer: int, k, v) -> None:
+        self.cache.k[layer].index_copy_(0, self.positions, k)
+        self.cache.v[layer].index_copy_(0, self.positions, v)
+
+    def attend(self, layer: int, q, k, v, scale: float) -> torch.Tensor:
+        self.write(layer, k, v)
+        w = self.window
+        return ops.attention_masked(q, self.cache.k[layer, :w], self.cache.v[layer, :w], self.visible, scale)

@@ -1,0 +1,63 @@
+"""The device-position forward (what CUDA graphs capture) against the eager reference, on CPU."""
+
+import json
+
+import pytest
+import torch
+
+from dflash_cli.engine.generation import PlainDecoder, Request, generate
+from dflash_cli.engine.graphs import window_for
+from dflash_cli.engine.proposers.dflash import DFlashProposer
+from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
+from dflash_cli.engine.sampling import SamplingParams
+from dflash_cli.engine.session import Session
+from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.eagle3 import Eagle3Drafter
+from dflash_cli.models.qwen3 import Qwen3Model
+from tiny import make_dflash, make_eagle3, make_qwen3
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("static")
+    target_dir = make_qwen3(root / "t", seed=11, num_hidden_layers=5, max_position_embeddings=2048)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    target = Qwen3Model.load(target_dir)
+    dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, seed=12, block_size=6, target_layer_ids=[1, 3]), target)
+    eagle = Eagle3Drafter.load(make_eagle3(root / "e", cfg, seed=13), target)
+    return target, dflash, eagle
+
+
+def test_windows_are_power_of_two_buckets_capped_by_the_cache():
+    assert window_for(1, 4096) == 256 and window_for(257, 4096) == 512 and window_for(3000, 3000) == 3000
+
+
+def test_static_logits_match_eager_across_window_boundaries(models):
+    target = models[0]
+    prompt = list(range(3, 250))
+    eager, static = Session(target, 600, path="eager"), Session(target, 600, path="static")
+    eager.forward(prompt), static.forward(prompt)
+    for step in range(12):  # crosses the 256-row window into the 512 one
+        ids = [7 + step] if step % 3 else [7 + step, 9, 11, 13]
+        a = eager.forward(ids, capture=(1, 3), all_logits=True)
+        b = static.forward(ids, capture=(1, 3), all_logits=True)
+        assert torch.allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(a.hidden, b.hidden, rtol=1e-5, atol=1e-5)
+        if step % 4 == 3:  # roll back one row, as a rejected draft does
+            eager.length -= 1
+            static.length -= 1
+
+
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])
+def test_generation_is_identical_on_the_static_path(models, kind):
+    target, dflash, eagle = models
+    prompt = list(range(20, 60))
+
+    def run(path):
+        decoder = {"none": lambda: PlainDecoder(), "dflash": lambda: SpeculativeDecoder(DFlashProposer(dflash)),
+                   "eagle3": lambda: SpeculativeDecoder(Eagle3Proposer(eagle), 4)}[kind]()
+        session = Session(target, 400, path=path)
+        return generate(session, decoder, Request(prompt, SamplingParams(), max_tokens=240)).tokens
+
+    assert run("static") == run("eager")
