@@ -7,11 +7,34 @@ the model code.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
+_kernels = None  # the Triton module once imported, False where unavailable or disabled (DFLASH_KERNELS=0)
+
+
+def fast_kernels(x: torch.Tensor):
+    """The fused Triton kernels when `x` is a half-precision CUDA tensor and they are available."""
+    global _kernels
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if _kernels is None:
+        try:
+            if os.environ.get("DFLASH_KERNELS", "1") == "0":
+                raise ImportError("disabled")
+            from .kernels import elementwise as _kernels_module
+
+            _kernels = _kernels_module
+        except ImportError:
+            _kernels = False
+    return _kernels or None
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if (k := fast_kernels(x)) and x.dtype == weight.dtype:
+        return k.rms_norm(x, weight, eps)
     # Normalise in float32 like the reference implementations, then scale in x's dtype.
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -23,6 +46,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if (k := fast_kernels(gate_up)) and gate_up.dim() == 2 and gate_up.stride(-1) == 1:
+        return k.silu_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -38,6 +63,8 @@ def rope_tables(head_dim: int, theta: float, max_positions: int, device) -> tupl
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D]; cos/sin: [T, D] float32 rows for x's positions."""
+    if (k := fast_kernels(x)) and x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous():
+        return k.apply_rope(x, cos, sin)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     cos = cos[:, None, :].to(x.dtype)

@@ -1,0 +1,32 @@
+"""The fused Triton kernels in bf16 on the GPU against the torch reference (run on CPU), at Qwen3-4B shapes."""
+
+import pytest
+import torch
+
+from dflash_cli.engine import ops
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def rel(a, b):
+    return ((a.float().cpu() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def test_fused_kernels_match_reference_bf16():
+    from dflash_cli.engine.kernels import elementwise as k
+
+    torch.manual_seed(0)
+    bf = torch.bfloat16
+    for t in (1, 16):
+        x = torch.randn(t, 2560, dtype=bf)
+        w = (1 + 0.1 * torch.randn(2560)).to(bf)
+        assert rel(k.rms_norm(x.cuda(), w.cuda(), 1e-6), ops.rms_norm(x, w, 1e-6)) <= 1e-2
+        qkv = torch.randn(t, 48 * 128, dtype=bf)
+        q = qkv[:, : 32 * 128].reshape(t, 32, 128)
+        wq = (1 + 0.1 * torch.randn(128)).to(bf)
+        assert rel(k.rms_norm(q.cuda(), wq.cuda(), 1e-6), ops.rms_norm(q, wq, 1e-6)) <= 1e-2
+        cos, sin = ops.rope_tables(128, 1e6, 4096, "cpu")
+        c, s = cos[3000 : 3000 + t].contiguous(), sin[3000 : 3000 + t].contiguous()
+        assert rel(k.apply_rope(q.cuda(), c.cuda(), s.cuda()), ops.apply_rope(q, c, s)) <= 1e-2
+        gu = torch.randn(t, 2 * 9728, dtype=bf)
+        assert rel(k.silu_mul(gu.cuda()), ops.silu_mul(gu)) <= 1e-2
