@@ -122,13 +122,15 @@ def bench(
     synthetic: bool = typer.Option(False, "--synthetic", help="Random weights with the entry's exact shapes; no download."),
     synthetic_tau: Optional[float] = typer.Option(None, "--synthetic-tau", help="Force this mean committed length."),
     draft_len: Optional[int] = DRAFT_LEN,
+    synthetic_prompt_len: int = typer.Option(128, "--synthetic-prompt-len", help="Prompt length (tokens) with --synthetic."),
 ):
     """Compare plain decoding and drafters on the same prompts."""
     from ..commands.bench import run_bench
     from ..bench.run import BenchOptions, parse_drafts
 
     run_bench(BenchOptions(model, parse_drafts(draft), prompts, max_tokens, temperature, repeat, device, dtype,
-                           json_file, plot, synthetic, synthetic_tau, draft_len=draft_len), _console(min_width=160))
+                           json_file, plot, synthetic, synthetic_tau, draft_len=draft_len, synthetic_prompt_len=synthetic_prompt_len),
+              _console(min_width=160))
 
 
 def main() -> None:

@@ -110,3 +110,16 @@ def attention_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                          attn_mask=visible, scale=scale, enable_gqa=True)
     return out.transpose(0, 1).reshape(t, h * d)
+
+
+def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q: [T, H, D]; k, v: [S, KV, D] (a fixed window of the cache); limit: [T] device int64,
+    the last key index query row i sees. Returns [T, H*D]. Capturable in a CUDA graph."""
+    if fast_kernels(q):
+        from .kernels import attention as kernel
+
+        if kernel.supports(q, k):
+            return kernel.attention_window(q, k, v, limit, scale)
+    visible = torch.arange(k.shape[0], device=k.device)[None, :] <= limit[:, None]
+    return attention_masked(q, k, v, visible, scale)

@@ -34,9 +34,8 @@ class StaticSpan:
         self.cache, self.window = cache, window
         self.positions = start + torch.arange(rows, device=start.device)
         self.cos, self.sin = cos.index_select(0, self.positions), sin.index_select(0, self.positions)
-        keys = torch.arange(window, device=start.device)
-        last = self.positions if causal else self.positions[-1:].expand(rows)
-        self.visible = keys[None, :] <= last[:, None]
+        # The last key each row sees: itself (causal) or the span's last row (a non-causal block).
+        self.limit = self.positions if causal else self.positions[-1:].expand(rows).contiguous()
 
     def write(self, layer: int, k, v) -> None:
         self.cache.k[layer].index_copy_(0, self.positions, k)
@@ -45,4 +44,4 @@ class StaticSpan:
     def attend(self, layer: int, q, k, v, scale: float) -> torch.Tensor:
         self.write(layer, k, v)
         w = self.window
-        return ops.attention_masked(q, self.cache.k[layer, :w], self.cache.v[layer, :w], self.visible, scale)
+        return ops.attention_window(q, self.cache.k[layer, :w], self.cache.v[layer, :w], self.limit, scale)

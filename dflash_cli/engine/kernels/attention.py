@@ -1,0 +1,105 @@
+"""Attention of a few query rows over a fixed window of the static KV cache (split-K, GQA).
+
+Which keys a row sees comes from `limit` in device memory (the last visible key
+index per query row), so one compiled launch serves every position inside a CUDA
+graph. The window is cut into splits of SPLIT keys, one program per (KV head,
+split); blocks past the largest limit load nothing. A second kernel merges the
+splits' partial softmax states. All query heads of a KV group share its K/V loads.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+SPLIT = 256
+BLOCK_S = 64
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_qt, stride_qh,
+                  stride_ks, stride_kh, stride_vs, stride_vh, scale,
+                  G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+                  SPLIT: tl.constexpr):
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    r = tl.arange(0, BLOCK_R)
+    t = r // G
+    head = kvh * G + r % G
+    rmask = t < T
+    offs_d = tl.arange(0, D)
+    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=rmask[:, None], other=0.0)
+    lim = tl.load(limit_ptr + t, mask=rmask, other=-1)
+    max_lim = tl.max(lim, axis=0)
+    m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, D), tl.float32)
+    for i in range(0, SPLIT // BLOCK_S):
+        offs_s = sp * SPLIT + i * BLOCK_S + tl.arange(0, BLOCK_S)
+        smask = offs_s <= max_lim  # masked-off rows cost no memory traffic
+        k = tl.load(k_ptr + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
+                    mask=smask[:, None], other=0.0)
+        v = tl.load(v_ptr + offs_s[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
+                    mask=smask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.where(offs_s[None, :] <= lim[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    base = (kvh * NSPLIT + sp) * BLOCK_R
+    tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc)
+    tl.store(part_ml + (base + r) * 2, m_i)
+    tl.store(part_ml + (base + r) * 2 + 1, l_i)
+
+
+@triton.jit
+def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, G: tl.constexpr, D: tl.constexpr,
+                  BLOCK_R: tl.constexpr):
+    kvh = tl.program_id(0)
+    r = tl.program_id(1)
+    t = r // G
+    if t < T:
+        head = kvh * G + r % G
+        offs_d = tl.arange(0, D)
+        m = float("-inf")
+        for sp in range(0, NSPLIT):
+            m = tl.maximum(m, tl.load(part_ml + ((kvh * NSPLIT + sp) * BLOCK_R + r) * 2))
+        l = 0.0
+        acc = tl.zeros((D,), tl.float32)
+        for sp in range(0, NSPLIT):
+            row = (kvh * NSPLIT + sp) * BLOCK_R + r
+            ms = tl.load(part_ml + row * 2)
+            w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
+            l += tl.load(part_ml + row * 2 + 1) * w
+            acc += tl.load(part_o + row * D + offs_d) * w
+        tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
+
+
+def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
+    t, h, d = q.shape
+    g = h // k.shape[1]
+    return t * g <= 64 and d in (64, 128, 256) and q.stride(-1) == 1 and k.stride(-1) == 1
+
+
+def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q [T, H, D]; k, v [S, KV, D] (the window); limit [T] int64 -> [T, H*D]."""
+    t, h, d = q.shape
+    s, kv, _ = k.shape
+    g = h // kv
+    block_r = max(16, triton.next_power_of_2(t * g))
+    nsplit = triton.cdiv(s, SPLIT)
+    part_o = torch.empty((kv, nsplit, block_r, d), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((kv, nsplit, block_r, 2), dtype=torch.float32, device=q.device)
+    out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
+    _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, q.stride(0), q.stride(1),
+                                k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
+                                G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=SPLIT)
+    _merge_kernel[(kv, t * g)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, BLOCK_R=block_r)
+    return out
