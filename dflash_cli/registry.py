@@ -72,8 +72,11 @@ class Registry:
             raise DflashError(f"model registry not found: {path}") from None
         except tomllib.TOMLDecodeError as exc:
             raise DflashError(f"model registry {path} is not valid TOML: {exc}") from None
+        models = raw.get("models", {})
+        if not isinstance(models, dict):
+            raise DflashError(f"registry {path}: 'models' must be a table of [models.NAME] entries")
         entries = {}
-        for name, spec in raw.get("models", {}).items():
+        for name, spec in models.items():
             entries[name] = _entry(name, spec, path)
         default = raw.get("default", "")
         if default and default not in entries:
@@ -96,8 +99,8 @@ class Registry:
 
 
 def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
-    if not isinstance(spec, dict) or "target" not in spec:
-        raise DflashError(f"registry {path}: entry '{name}' needs a 'target'")
+    if not isinstance(spec, dict) or not isinstance(spec.get("target"), str):
+        raise DflashError(f"registry {path}: entry '{name}' needs a 'target' (Hub repo id or folder)")
     base = path.parent
 
     def src(ref: str, revision=None) -> Source:
@@ -110,7 +113,10 @@ def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
     for kind, d in spec.get("drafters", {}).items():
         if kind not in DRAFT_KINDS:
             raise DflashError(f"registry {path}: entry '{name}' has unknown drafter kind '{kind}'")
-        drafters[kind] = src(d["repo"], d.get("revision")) if isinstance(d, dict) else src(d)
+        ref = d.get("repo") if isinstance(d, dict) else d
+        if not isinstance(ref, str):
+            raise DflashError(f"registry {path}: entry '{name}' drafter '{kind}' needs a repo id or folder")
+        drafters[kind] = src(ref, d.get("revision") if isinstance(d, dict) else None)
     return ModelEntry(
         name=name,
         target=src(spec["target"], spec.get("revision")),

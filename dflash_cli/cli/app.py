@@ -136,7 +136,7 @@ def bench(
 def main() -> None:
     """Entry point: user-facing errors become one line on stderr and exit 1; Ctrl-C exits 130."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
@@ -156,3 +156,8 @@ def main() -> None:
             raise
         print(f"error: {type(exc).__name__}: {exc} (set DFLASH_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(1)
+    # Without standalone mode typer returns, not raises, the exit code of a Ctrl-C (130) or typer.Exit.
+    if isinstance(code, int) and code:
+        if code == 130:
+            print("\ninterrupted", file=sys.stderr)
+        sys.exit(code)

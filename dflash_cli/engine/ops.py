@@ -86,10 +86,15 @@ def attention(
     """
     t, h, d = q.shape
     s, kvh, _ = k.shape
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, T or S, D]
     group = h // kvh
-    qh = q.transpose(0, 1)  # [H, T, D]
-    kh = k.transpose(0, 1).repeat_interleave(group, dim=0)
-    vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
+    kh = kh.repeat_interleave(group, dim=0)
+    vh = vh.repeat_interleave(group, dim=0)
+    if causal and q_offset == 0 and t == s:
+        # A whole prompt from position 0: the plain causal form (no mask tensor, equal head counts)
+        # lets SDPA use its flash kernel instead of materialising [heads, T, T] scores.
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+        return out.transpose(0, 1).reshape(t, h * d)
     mask = None
     if causal:
         qpos = torch.arange(t, device=q.device)[:, None] + q_offset

@@ -26,11 +26,14 @@ def first_diff(a, b):
 
 
 def near_tie(model, tokens, at, path):
-    """fp32-free check: the top-2 margin of the reference path at the divergence, relative to the max logit."""
+    """The reference path's top-2 margin at the divergence, in units of one bf16 step at the max logit."""
+    import math
+
     s = Session(model, len(tokens) + 8, path=path)
     logits = s.forward(tokens[:at], all_logits=False).logits[-1]
     top2 = logits.topk(2).values
-    return float(top2[0] - top2[1]) / float(logits.abs().max())
+    ulp = 2.0 ** (math.floor(math.log2(float(logits.abs().max()))) - 7)
+    return float(top2[0] - top2[1]) / ulp
 
 
 def test_graphs_match_eager_over_128_steps_qwen3_4b_shapes():
@@ -46,11 +49,11 @@ def test_graphs_match_eager_over_128_steps_qwen3_4b_shapes():
         runs[path + "_capture_s"] = session.fast.capture_s if session.fast else 0.0
     d = first_diff(runs["eager"].tokens, runs["graphs"].tokens)
     margin = None if d is None else near_tie(model, prompt + runs["eager"].tokens, len(prompt) + d, "eager")
-    report("gpu_graphs", {"device": torch.cuda.get_device_name(), "first_divergence": d, "rel_margin": margin,
+    report("gpu_graphs", {"device": torch.cuda.get_device_name(), "first_divergence": d, "margin_bf16_steps": margin,
                           "eager_tok_s": round(runs["eager"].decode_tok_per_s, 2),
                           "graphs_tok_s": round(runs["graphs"].decode_tok_per_s, 2),
                           "graphs_capture_s": round(runs["graphs_capture_s"], 3)})
-    assert d is None or margin < 0.01
+    assert d is None or margin <= 4  # a near-tie: within 4 bf16 steps of the largest logit
 
 
 class Oracle:
@@ -96,6 +99,6 @@ def test_speculative_is_lossless_with_graphs_fp32(kind):
                         Request(prompt, SamplingParams(), max_tokens=96))
         d = first_diff(plain.tokens, spec.tokens)
         if d is not None:
-            assert near_tie(model, prompt + plain.tokens, len(prompt) + d, "eager") < 1e-3, (kind, trial, d)
+            assert near_tie(model, prompt + plain.tokens, len(prompt) + d, "eager") < 0.01, (kind, trial, d)
         else:
             assert plain.tokens == spec.tokens
