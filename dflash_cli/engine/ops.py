@@ -93,7 +93,8 @@ def attention(
     if causal and q_offset == 0 and t == s:
         # A whole prompt from position 0: the plain causal form (no mask tensor, equal head counts)
         # lets SDPA use its flash kernel instead of materialising [heads, T, T] scores.
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+        # 4-D [batch, heads, T, D]: with 3-D inputs SDPA falls back to its math kernel.
+        out = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], is_causal=True, scale=scale)[0]
         return out.transpose(0, 1).reshape(t, h * d)
     mask = None
     if causal:
