@@ -4,8 +4,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Tiny models: one thread is as fast and keeps timings steady when other jobs share the CPU.
+torch.set_num_threads(1)
 
 from tiny import make_qwen3  # noqa: E402
 
@@ -22,6 +25,11 @@ def isolated_hub(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("DFLASH_REGISTRY", raising=False)
+    # huggingface_hub reads HF_HOME once, at import (transformers imports it during collection).
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
 
 class CliResult:

@@ -101,7 +101,7 @@ def attention(
         qpos = torch.arange(t, device=q.device)[:, None] + q_offset
         kpos = torch.arange(s, device=q.device)[None, :]
         mask = kpos <= qpos
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], attn_mask=mask, scale=scale)[0]
     return out.transpose(0, 1).reshape(t, h * d)
 
 
@@ -113,8 +113,8 @@ def attention_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     whose positions live in device memory.
     """
     t, h, d = q.shape
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         attn_mask=visible, scale=scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                         attn_mask=visible, scale=scale, enable_gqa=True)[0]
     return out.transpose(0, 1).reshape(t, h * d)
 
 

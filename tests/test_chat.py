@@ -1,0 +1,261 @@
+"""`dflash chat`: the REPL's commands over stdin, KV-cache reuse between turns, Ctrl-C and a full context."""
+
+import io
+import json
+import re
+
+import pytest
+import torch
+from rich.console import Console
+
+from dflash_cli.commands import chat as chat_cmd
+from dflash_cli.commands.chat import ChatOptions, ChatRepl
+from dflash_cli.conversation import Conversation
+from dflash_cli.engine.generation import PlainDecoder, Request, Step, generate
+from dflash_cli.engine.sampling import SamplingParams
+from dflash_cli.engine.session import Session
+from dflash_cli.loading.bundle import open_bundle
+from dflash_cli.registry import Registry
+from dflash_cli.ui.stream import StreamView
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture
+def chat(cli, tiny_model, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+
+    def run(stdin, *flags):
+        return cli("chat", tiny_model, "--draft", "none", "--temperature", "0", "--max-tokens", "4", *flags, stdin=stdin)
+
+    return run
+
+
+@pytest.fixture
+def prompts(monkeypatch):
+    """The prompt ids (with the pending token) each chat turn fed to the model."""
+    seen, real = [], chat_cmd.generate
+
+    def spy(session, decoder, req, **kw):
+        seen.append(session.pending + req.prompt_ids)
+        return real(session, decoder, req, **kw)
+
+    monkeypatch.setattr(chat_cmd, "generate", spy)
+    return seen
+
+
+def clean(res):
+    assert res.code == 0, (res.out, res.err)
+    assert "Traceback" not in res.out + res.err and "error" not in res.err
+    return res.out
+
+
+def test_two_turns_save_and_exit(chat, tmp_path):
+    saved = tmp_path / "chat.json"
+    out = clean(chat(f"Hello there\nAnd then?\n/save {saved}\n/exit\nnever read\n/save {tmp_path / 'late.json'}\n"))
+    assert f"saved 4 messages to {saved}" in out
+    data = json.loads(saved.read_text())
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert [m["content"] for m in data["messages"][::2]] == ["Hello there", "And then?"]
+    assert not (tmp_path / "late.json").exists()
+
+
+def test_clear_empties_the_conversation_and_the_cache(chat, tmp_path, prompts):
+    out = clean(chat(f"Hello\n/clear\n/stats\nHello\n/save {tmp_path / 'c.json'}\n"))
+    assert "conversation cleared" in out and re.search(r"context 0/\d+ tokens · 0 turns", out)
+    assert len(json.loads((tmp_path / "c.json").read_text())["messages"]) == 2
+    assert prompts[1] == prompts[0]  # after /clear the same first turn is prefilled from scratch
+
+
+def test_system_prompt_heads_the_reprefilled_conversation(chat, tmp_path, prompts, tiny_model):
+    from dflash_cli.loading.tokenizer import ChatTokenizer
+
+    tok = ChatTokenizer(tiny_model)
+    out = clean(chat(f"Hi\n/system Be brief.\nAgain\n/system\n/save {tmp_path / 's.json'}\n"))
+    assert "system prompt set" in out and "system prompt removed" in out
+    second = tok.decode(prompts[1])
+    assert second.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>")
+    assert second.endswith("<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n")
+    assert json.loads((tmp_path / "s.json").read_text())["system"] is None
+
+
+def test_think_switch(chat, prompts, tiny_model):
+    from dflash_cli.loading.tokenizer import ChatTokenizer
+
+    tok = ChatTokenizer(tiny_model)
+    out = clean(chat("/think off\nHi\n/clear\n/think on\nHi\n/think maybe\n"))
+    assert "thinking off" in out and "thinking on" in out and "usage: /think on|off" in out
+    assert tok.decode(prompts[0]).endswith("assistant\n<think>\n\n</think>\n\n")
+    assert tok.decode(prompts[1]).endswith("assistant\n")
+
+
+def test_stats_unknown_command_and_eof(chat):
+    out = clean(chat("Hi\n/stats\n/frobnicate\nHi again\n/stats\n"))  # ends without /exit: EOF leaves
+    assert "unknown command /frobnicate" in out and "/exit" in out
+    assert re.search(r"context \d+/512 tokens · 1 turns", out) and re.search(r"context \d+/512 tokens · 2 turns", out)
+    assert "last answer:" in out and "session:" in out
+    assert clean(chat("")) == ""
+
+
+def test_full_context_says_so_and_clear_recovers(chat):
+    out = clean(chat("Hi\nHi again\n/clear\nHi\n/stats\n", "--context", "20", "--max-tokens", "50"))
+    full = [line for line in out.splitlines() if "context is full" in line]
+    assert full and all("/clear" in line for line in full)
+    assert "conversation cleared" in out and re.search(r"context \d+/20 tokens · 1 turns", out)
+
+
+def test_context_flag_out_of_range(cli, tiny_model):
+    res = cli("chat", tiny_model, "--draft", "none", "--context", "8")
+    assert res.code == 1 and res.err.strip() == "error: --context must be between 16 and 512 (got 8)"
+
+
+# KV reuse, driven through the library the REPL uses.
+
+@pytest.fixture(scope="module")
+def bundle(tiny_model):
+    b = open_bundle(Registry.load().resolve(str(tiny_model)), "cpu", "float32")
+    b.load_model()
+    return b
+
+
+class Scripted:
+    """A decoder that answers with fixed tokens (forwarding each, as a real decoder does)."""
+
+    kind = "scripted"
+
+    def __init__(self, tokens, vocab):
+        self.tokens, self.vocab = iter(tokens), vocab
+
+    def _next(self):
+        logits = torch.zeros(self.vocab)
+        logits[next(self.tokens)] = 1.0
+        return logits
+
+    def prefill(self, session, ids):
+        session.forward(ids)
+        return self._next()
+
+    def step(self, session, last, budget, params, gen):
+        session.forward([last])
+        return Step(emitted=[int(self._next().argmax())])
+
+    def sync(self, session):
+        pass
+
+
+def _record_forwards(session):
+    fed, real = [], session.forward
+
+    def forward(ids, *a, **k):
+        fed.append(list(ids))
+        return real(ids, *a, **k)
+
+    session.forward = forward
+    return fed
+
+
+def test_second_turn_prefills_only_its_tokens_and_matches_a_fresh_prompt(bundle):
+    tok, model = bundle.tokenizer, bundle.model
+    im_end = tok.tok.token_to_id("<|im_end|>")
+    session, conv = Session(model, 256), Conversation(tok)
+
+    ids1, reset = conv.prompt_ids("What is two plus two?", session.pending, fresh=True)
+    assert reset
+    answer = tok.encode("It is four.") + [im_end]
+    r1 = generate(session, Scripted(answer, model.cfg.vocab_size), Request(ids1, GREEDY, 20, tok.stop_ids))
+    assert r1.tokens == answer and r1.finish_reason == "stop"
+    conv.add_exchange("What is two plus two?", tok.decode(answer[:-1]))
+
+    ids2, reset = conv.prompt_ids("And three plus three?", session.pending, fresh=False)
+    assert not reset
+    assert tok.decode(ids2) == "\n<|im_start|>user\nAnd three plus three?<|im_end|>\n<|im_start|>assistant\n"
+    fed = _record_forwards(session)
+    r2 = generate(session, PlainDecoder(), Request(ids2, GREEDY, 8, tok.stop_ids))
+    assert fed[0] == [im_end] + ids2  # the pending end-of-turn token and the new turn, nothing older
+    assert r2.prompt_tokens == len(ids2)
+
+    whole = tok.encode(tok.render_chat(conv.all_messages([{"role": "user", "content": "And three plus three?"}])))
+    assert whole == ids1 + answer + ids2
+    fresh = generate(Session(model, 256), PlainDecoder(), Request(whole, GREEDY, 8, tok.stop_ids))
+    assert r2.tokens == fresh.tokens
+
+
+def test_cached_turns_equal_one_fresh_prefill_of_the_same_tokens(bundle):
+    tok, model = bundle.tokenizer, bundle.model
+    session, conv = Session(model, 256), Conversation(tok, system="Be brief.")
+    history = []
+    for i, text in enumerate(["Hello", "Tell me more.", "Thanks!"]):
+        ids, reset = conv.prompt_ids(text, session.pending, fresh=i == 0)
+        assert reset == (i == 0)
+        result = generate(session, PlainDecoder(), Request(ids, GREEDY, 5, tok.stop_ids))
+        fresh = generate(Session(model, 256), PlainDecoder(), Request(history + ids, GREEDY, 5, tok.stop_ids))
+        assert result.tokens == fresh.tokens
+        history += ids + result.tokens
+        assert session.length + len(session.pending) == len(history)
+        conv.add_exchange(text, tok.decode([t for t in result.tokens if t not in tok.stop_ids]))
+
+
+# Ctrl-C inside an answer.
+
+@pytest.fixture
+def repl(tiny_model, prompts):
+    o = ChatOptions(model=str(tiny_model), temperature=0.0, max_tokens=12, draft="none")
+    return ChatRepl(o, Console(file=io.StringIO(), width=200))
+
+
+def test_ctrl_c_stops_the_answer_and_the_session_goes_on(repl, prompts, monkeypatch):
+    repl.bundle.tokenizer.stop_ids = []  # a model that never stops by itself
+    real, calls = StreamView.on_step, []
+
+    def on_step(self, step):  # Ctrl-C while the third step's text is shown
+        calls.append(step)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(self, step)
+
+    with monkeypatch.context() as m:
+        m.setattr(StreamView, "on_step", on_step)
+        repl.answer("Tell me a long story.")
+    first = repl.results[-1]
+    assert first.interrupted and len(first.tokens) == 3  # the third step's token was already committed
+    assert "[stopped]" in repl.console.file.getvalue()
+    assert len(repl.conv.messages) == 2  # the partial answer stays in the conversation
+
+    repl.answer("Go on.")
+    second = repl.results[-1]
+    assert not second.interrupted and second.tokens
+    history = prompts[0] + first.tokens[:-1] + prompts[1]  # prompts include the pending token
+    fresh = generate(Session(repl.session.model, 256), PlainDecoder(),
+                     Request(history, GREEDY, 12, repl.bundle.tokenizer.stop_ids))
+    assert second.tokens == fresh.tokens
+
+
+def test_ctrl_c_before_the_first_token_leaves_no_trace(repl, prompts, monkeypatch):
+    repl.answer("Hi")
+    state = (repl.session.length, list(repl.session.pending), list(repl.conv.messages))
+
+    def interrupted_prefill(self, session, ids):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(PlainDecoder, "prefill", interrupted_prefill)
+        repl.answer("Never mind")
+    assert "[stopped]" in repl.console.file.getvalue()
+    assert (repl.session.length, repl.session.pending, repl.conv.messages) == state
+    repl.answer("Hi again")
+    assert len(repl.conv.messages) == 4 and repl.results[-1].tokens
+
+
+def test_ctrl_c_at_the_prompt_does_not_leave(chat, monkeypatch):
+    lines = iter([KeyboardInterrupt, "Hi\n", "/exit\n"])
+
+    def read_line():
+        line = next(lines)
+        if line is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return line
+
+    monkeypatch.setattr(chat_cmd, "_read_line", read_line)
+    res = chat("", "--max-tokens", "2")
+    assert res.code == 0 and "Traceback" not in res.err
+    assert next(lines, None) is None  # every line was read

@@ -1,0 +1,206 @@
+"""`dflash generate`, `dflash models` and `--help` end to end on the tiny checkpoint (plain decoding)."""
+
+import json
+
+import pytest
+
+from dflash_cli.commands import generate as generate_cmd
+from dflash_cli.loading.tokenizer import ChatTokenizer
+from dflash_cli.models.qwen3 import Qwen3Model
+
+GREEDY = ("--temperature", "0")
+
+
+@pytest.fixture
+def gen(cli, tiny_model):
+    def run(*args, stdin=""):
+        return cli("generate", "--model", tiny_model, "--draft", "none", *args, stdin=stdin)
+
+    return run
+
+
+@pytest.fixture
+def prompts(monkeypatch):
+    """The prompt ids each generation was asked to continue."""
+    seen, real = [], generate_cmd.generate
+
+    def spy(session, decoder, req, **kw):
+        seen.append(req.prompt_ids)
+        return real(session, decoder, req, **kw)
+
+    monkeypatch.setattr(generate_cmd, "generate", spy)
+    return seen
+
+
+@pytest.fixture
+def tok(tiny_model):
+    return ChatTokenizer(tiny_model)
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fail the test if the target weights get loaded (input must be rejected before that work)."""
+
+    def refuse(*a, **k):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(Qwen3Model, "load", refuse)
+
+
+def assert_one_line_error(res, *needles, code=1):
+    assert res.code == code, (res.code, res.out, res.err)
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.err
+    assert "Traceback" not in res.err
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_help(cli):
+    res = cli("--help")
+    assert res.code == 0
+    assert all(c in res.out for c in ("generate", "chat", "models", "pull"))
+    res = cli("generate", "--help")
+    assert res.code == 0 and "--prompt-file" in res.out and "--json" in res.out
+
+
+def test_prompt_flag_file_and_stdin_agree(gen, prompts, tmp_path):
+    text = "Explain recursion.\nBriefly."
+    (tmp_path / "p.txt").write_text(text)
+    runs = [gen("-p", text, "-n", "4", "--json", *GREEDY),
+            gen("--prompt-file", tmp_path / "p.txt", "-n", "4", "--json", *GREEDY),
+            gen("-n", "4", "--json", *GREEDY, stdin=text)]
+    assert all(r.code == 0 for r in runs), [r.err for r in runs]
+    assert prompts[0] == prompts[1] == prompts[2]
+    assert runs[0].json()["tokens"] == runs[1].json()["tokens"] == runs[2].json()["tokens"]
+
+
+def test_system_think_and_raw_shape_the_prompt(gen, prompts, tok):
+    for flags in (["--system", "Be brief."], ["--no-think"], ["--think"], ["--raw"]):
+        assert gen("-p", "hi", "-n", "1", "--json", *flags).code == 0
+    system, no_think, think, raw = (tok.decode(p) for p in prompts)
+    assert system.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>")
+    assert no_think.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert think.endswith("<|im_start|>assistant\n")
+    assert raw == "hi"
+
+
+def test_greedy_and_seeded_sampling_are_reproducible(gen):
+    def tokens(*flags):
+        res = gen("-p", "Tell me a story.", "-n", "8", "--json", *flags)
+        assert res.code == 0, res.err
+        return res.json()["tokens"]
+
+    greedy = tokens(*GREEDY)
+    assert tokens(*GREEDY) == greedy
+    assert tokens("--temperature", "1.5", "--top-k", "1") == greedy  # top-k 1 leaves only the argmax
+    assert tokens("--temperature", "1.5", "--top-p", "1e-6") == greedy  # so does a vanishing top-p
+    hot = ("--temperature", "2.0", "--top-p", "1.0", "--top-k", "0")
+    seeded = tokens(*hot, "--seed", "7")
+    assert tokens(*hot, "--seed", "7") == seeded
+    assert any(tokens(*hot, "--seed", str(s)) != seeded for s in (1, 2, 3))
+
+
+def test_json_fields_and_max_tokens(gen, tok):
+    res = gen("-p", "hi", "-n", "5", "--json", *GREEDY)
+    assert res.code == 0, res.err
+    data = res.json()
+    assert set(data) >= {"text", "tokens", "prompt_tokens", "finish_reason", "stats"}
+    tokens, stats = data["tokens"], data["stats"]
+    assert 1 <= len(tokens) <= 5
+    stops = set(tok.stop_ids)
+    if data["finish_reason"] == "length":
+        assert len(tokens) == 5 and not stops & set(tokens)
+    else:
+        assert data["finish_reason"] == "stop" and tokens[-1] in stops
+    assert data["text"] == tok.decode([t for t in tokens if t not in stops])
+    assert data["prompt_tokens"] == len(tok.encode(tok.render_chat([{"role": "user", "content": "hi"}])))
+    assert stats["ttft_s"] > 0 and stats["decode_tok_per_s"] >= 0
+    assert stats["steps"] == len(tokens) - 1  # plain decoding: one token per step after the first
+    assert stats["draft_kind"] == "none" and stats["accept_hist"] == [stats["steps"]]
+    assert stats["mean_accepted"] == 1.0
+
+
+def test_trace_file_has_one_line_per_step(gen, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    res = gen("-p", "hi", "-n", "6", "--json", "--trace", trace, *GREEDY)
+    assert res.code == 0, res.err
+    data = res.json()
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(lines) == data["stats"]["steps"] + 1  # the first token (from the prefill) is step 0
+    assert [line["step"] for line in lines] == list(range(len(lines)))
+    assert all(set(line) == {"step", "draft", "accepted", "emitted"} for line in lines)
+    assert all(line["draft"] == [] and line["accepted"] == 0 for line in lines)
+    assert [t for line in lines for t in line["emitted"]] == data["tokens"]
+
+
+def test_piped_stream_is_plain_text(gen):
+    streamed = gen("-p", "hi", "-n", "12", *GREEDY)
+    as_json = gen("-p", "hi", "-n", "12", "--json", *GREEDY)
+    assert streamed.code == 0, streamed.err
+    assert "\x1b" not in streamed.out and "tok/s" not in streamed.out  # no colours, no footer
+    assert streamed.out == as_json.json()["text"] + "\n"
+
+
+def test_prompt_longer_than_context_fails_before_loading(cli, tmp_path, no_weights):
+    from tiny import make_qwen3
+
+    small = make_qwen3(tmp_path / "small", max_position_embeddings=32)
+    res = cli("generate", "--model", small, "--draft", "none", "-p", "word " * 50)
+    assert_one_line_error(res, "prompt is", "context holds 32")
+
+
+@pytest.mark.parametrize("flags,needle,code", [
+    (["-p", "hi", "--temperature", "-0.5"], "--temperature", 1),
+    (["-p", "hi", "--top-p", "1.5"], "--top-p", 1),
+    (["-p", "hi", "--top-p", "0"], "--top-p", 1),
+    (["-p", "hi", "--top-k", "-1"], "--top-k", 1),
+    (["-p", "hi", "--max-tokens", "0"], "--max-tokens", 1),
+    (["-p", "hi", "--max-tokens", "lots"], "--max-tokens", 2),
+    (["--prompt-file", "missing.txt"], "missing.txt", 1),
+    (["-p", "hi", "--prompt-file", "p.txt"], "not both", 1),
+    ([], "no prompt", 1),
+    (["-p", "hi", "--raw", "--system", "S"], "--raw", 1),
+    (["-p", "", "--raw"], "empty", 1),
+    (["-p", "hi", "--no-such-flag"], "--no-such-flag", 2),
+])
+def test_invalid_input_is_one_error_line_before_loading(gen, no_weights, flags, needle, code):
+    res = gen(*flags)
+    assert_one_line_error(res, needle, code=code)
+    assert res.out == ""
+
+
+def test_ctrl_c_stops_generation_with_exit_130(gen, monkeypatch):
+    from dflash_cli.ui.stream import StreamView
+
+    real, calls = StreamView.on_step, []
+
+    def interrupt_on_second(self, step):
+        calls.append(step)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(self, step)
+
+    monkeypatch.setattr(StreamView, "on_step", interrupt_on_second)
+    res = gen("-p", "hi", "-n", "50", "--temperature", "1", "--top-k", "50", "--seed", "1")
+    assert len(calls) == 2, "the answer ended before the second step"
+    assert res.code == 130 and res.err.strip() == "interrupted"
+
+
+@pytest.fixture
+def empty_hub_cache(tmp_path, monkeypatch):
+    """huggingface_hub reads HF_HOME once, at import: point its cache at this test's empty HF_HOME too."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
+    monkeypatch.setenv("COLUMNS", "250")
+
+
+def test_models_lists_the_registry(cli, empty_hub_cache):
+    res = cli("models")
+    assert res.code == 0, res.err
+    rows = [line for line in res.out.splitlines() if line.startswith("│")]
+    assert any("qwen3-4b (default)" in r and "Qwen/Qwen3-4B" in r for r in rows)
+    assert any("qwen3-8b" in r and "Qwen/Qwen3-8B" in r for r in rows)
+    assert "z-lab/Qwen3-4B-DFlash-b16" in res.out and "AngelSlim/Qwen3-4B_eagle3" in res.out
+    assert "✓" not in res.out  # nothing is downloaded in an empty cache

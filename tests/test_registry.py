@@ -1,0 +1,244 @@
+"""models.toml, how a model argument resolves, the Hugging Face cache offline, and `dflash pull`."""
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dflash_cli.errors import DflashError
+from dflash_cli.registry import PACKAGED, Registry
+
+QWEN_DEFAULTS = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+
+
+@pytest.fixture(autouse=True)
+def hub_cache(tmp_path, monkeypatch):
+    """huggingface_hub reads HF_HOME once, at import: point its cache at this test's HF_HOME too."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-home" / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("COLUMNS", "250")  # keep `dflash models` table cells on one line
+    return cache
+
+
+def registry(tmp_path, monkeypatch, text: str) -> Path:
+    path = tmp_path / "reg" / "models.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    monkeypatch.setenv("DFLASH_REGISTRY", str(path))
+    return path
+
+
+def fake_cached(cache: Path, repo: str, src: Path, files=None) -> Path:
+    """Lay `src`'s files out as huggingface_hub caches them: blobs, a snapshot of symlinks, refs/main."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    sha = hashlib.sha1(repo.encode()).hexdigest()
+    snap = root / "snapshots" / sha
+    snap.mkdir(parents=True)
+    (root / "blobs").mkdir()
+    for f in sorted(src.iterdir()):
+        if files is not None and f.name not in files:
+            continue
+        data = f.read_bytes()
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(sha)
+    return snap
+
+
+def assert_one_line_error(res, *needles):
+    assert res.code == 1, (res.code, res.out, res.err)
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.err
+    assert "Traceback" not in res.err
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_packaged_registry_has_the_qwen3_entries():
+    reg = Registry.load()
+    assert reg.path == PACKAGED and PACKAGED.is_file()
+    assert reg.default == "qwen3-4b"
+    for size in ("4b", "8b"):
+        e = reg.entries[f"qwen3-{size}"]
+        assert e.target.ref == f"Qwen/Qwen3-{size.upper()}"
+        assert set(e.drafters) == {"dflash", "eagle3"}
+        assert all("/" in src.ref and not src.is_local for src in e.drafters.values())
+        assert e.generation == QWEN_DEFAULTS
+        assert e.context and e.context >= 4096
+
+
+def test_resolution_order_registry_then_folder_then_hub(tmp_path, monkeypatch, tiny_model):
+    registry(tmp_path, monkeypatch, 'default = "shadow"\n[models.shadow]\ntarget = "./tiny"\n')
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shadow").mkdir()  # a folder with the entry's name loses to the entry
+    (tmp_path / "Org" / "Local").mkdir(parents=True)  # a folder that looks like a repo id wins over the Hub
+    reg = Registry.load()
+
+    assert reg.resolve("shadow").target.ref == str(tmp_path / "reg" / "tiny")  # relative to the registry file
+    assert reg.resolve(None).name == "shadow"
+    local = reg.resolve("Org/Local").target
+    assert local.is_local and Path(local.ref) == Path("Org/Local")
+    hub = reg.resolve("Org/Remote").target
+    assert hub.ref == "Org/Remote" and not hub.is_local
+    with pytest.raises(DflashError, match="unknown model 'no such model'.*shadow"):
+        reg.resolve("no such model")
+
+
+def test_custom_registry_with_a_local_entry(tmp_path, monkeypatch, tiny_model, cli):
+    reg = registry(tmp_path, monkeypatch,
+                   'default = "tiny"\n[models.tiny]\ntarget = "./tiny"\ncontext = 40\n'
+                   'generation = { temperature = 0.0 }\n')
+    shutil.copytree(tiny_model, reg.parent / "tiny")
+
+    # The entry's greedy default overrides the checkpoint's generation_config (temperature 0.6).
+    runs = [cli("generate", "-p", "hi", "-n", "4", "--json") for _ in range(2)]
+    assert all(r.code == 0 for r in runs), runs[0].err
+    explicit = cli("generate", "--model", tiny_model, "-p", "hi", "-n", "4", "--json", "--temperature", "0")
+    assert runs[0].json()["tokens"] == runs[1].json()["tokens"] == explicit.json()["tokens"]
+
+    # Its context (40) caps the checkpoint's 512 positions.
+    assert_one_line_error(cli("generate", "-m", "tiny", "-p", "word " * 60), "context holds 40")
+
+    listing = cli("models")
+    assert listing.code == 0
+    assert "tiny (default)" in listing.out and str(reg.parent / "tiny") in listing.out and "✓" in listing.out
+
+
+BAD_REGISTRIES = {
+    "syntax": ('default = "a"\n[models.a\n', "not valid TOML"),
+    "no target": ('[models.a]\ndescription = "?"\n', "entry 'a' needs a 'target'"),
+    "drafter kind": ('[models.a]\ntarget = "Org/A"\ndrafters = { medusa = "Org/M" }\n', "unknown drafter kind 'medusa'"),
+    "drafter repo": ('[models.a]\ntarget = "Org/A"\ndrafters = { dflash = { revision = "v1" } }\n',
+                     "drafter 'dflash' needs a repo"),
+    "default": ('default = "b"\n[models.a]\ntarget = "Org/A"\n', "default 'b' is not an entry"),
+    "models": ("models = 3\n", "'models' must be a table"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REGISTRIES))
+def test_bad_registry_is_one_error_line(tmp_path, monkeypatch, cli, case):
+    text, needle = BAD_REGISTRIES[case]
+    path = registry(tmp_path, monkeypatch, text)
+    assert_one_line_error(cli("models"), needle, str(path))
+
+
+def test_missing_registry_file_and_unknown_name(tmp_path, monkeypatch, cli):
+    assert_one_line_error(cli("generate", "--model", "qwen3-99b", "-p", "hi"), "unknown model 'qwen3-99b'", "qwen3-4b")
+    monkeypatch.setenv("DFLASH_REGISTRY", str(tmp_path / "nope.toml"))
+    assert_one_line_error(cli("models"), "registry not found", "nope.toml")
+
+
+@pytest.mark.parametrize("command", [["generate", "--model", "qwen3-4b", "-p", "hi"], ["chat", "qwen3-4b"],
+                                     ["generate", "--model", "Org/Missing", "-p", "hi"]])
+def test_offline_and_not_cached_says_what_is_missing(cli, command):
+    repo = "Qwen/Qwen3-4B" if "qwen3-4b" in command else "Org/Missing"
+    res = cli(*command)
+    assert_one_line_error(res, repo, "not downloaded", "dflash pull")
+    assert res.out == ""
+
+
+def test_missing_drafter_is_named_and_draft_none_still_works(tmp_path, monkeypatch, tiny_model, cli):
+    registry(tmp_path, monkeypatch, f'[models.t]\ntarget = "{tiny_model}"\ndrafters = {{ dflash = "Org/Drafter" }}\n')
+    assert_one_line_error(cli("generate", "-m", "t", "-p", "hi", "-n", "2"), "Org/Drafter", "dflash pull")
+    assert cli("generate", "-m", "t", "-p", "hi", "-n", "2", "--draft", "none").code == 0
+
+
+def _size(n: int) -> str:
+    return f"{n / 1000:.1f} KB" if n < 1_000_000 else f"{n / 1e6:.1f} MB"
+
+
+def test_hub_cache_is_found_offline(tmp_path, monkeypatch, hub_cache, tiny_model, cli):
+    snap = fake_cached(hub_cache, "Org/Tiny", tiny_model)
+    fake_cached(hub_cache, "Org/Partial", tiny_model, files={"tokenizer.json"})  # interrupted: no config.json
+    registry(tmp_path, monkeypatch, '[models.cached]\ntarget = "Org/Tiny"\n[models.absent]\ntarget = "Org/Absent"\n')
+
+    listing = cli("models")
+    assert listing.code == 0, listing.err
+    rows = {line.split()[1]: line for line in listing.out.splitlines() if line.startswith("│")}
+    total = sum(f.stat().st_size for f in tiny_model.iterdir())
+    assert f"✓ {_size(total)}" in rows["cached"]
+    assert "✓" not in rows["absent"] and "—" in rows["absent"]
+
+    res = cli("generate", "--model", "Org/Tiny", "--draft", "none", "-p", "hi", "-n", "3", "--json", "--temperature", "0")
+    assert res.code == 0, res.err
+    direct = cli("generate", "--model", snap, "--draft", "none", "-p", "hi", "-n", "3", "--json", "--temperature", "0")
+    assert res.json()["tokens"] == direct.json()["tokens"]
+
+    assert_one_line_error(cli("generate", "--model", "Org/Partial", "-p", "hi"), "Org/Partial", "not downloaded")
+
+
+def test_pull_offline_is_one_error_line(cli):
+    res = cli("pull")
+    assert_one_line_error(res, "Qwen/Qwen3-4B", "HF_HUB_OFFLINE")
+    assert_one_line_error(cli("pull", "Org/Model"), "Org/Model")
+
+
+@pytest.fixture
+def fake_download(tmp_path, monkeypatch):
+    """Online, with huggingface_hub's snapshot_download replaced by a recorder that writes a config.json."""
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    calls = []
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, local_files_only=False, **kw):
+        assert not local_files_only
+        calls.append((repo_id, allow_patterns))
+        out = tmp_path / "downloads" / repo_id
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text("{}" * 100)
+        return str(out)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return calls
+
+
+def test_pull_downloads_target_and_drafters_with_only_the_needed_files(fake_download, cli):
+    from huggingface_hub.utils import filter_repo_objects
+
+    res = cli("pull", "qwen3-4b")
+    assert res.code == 0, res.err
+    assert [repo for repo, _ in fake_download] == ["Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16",
+                                                   "AngelSlim/Qwen3-4B_eagle3"]
+    assert "✓" in res.out and "200 B" in res.out
+
+    needed = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "model.safetensors.index.json", "model-00001-of-00003.safetensors", "model.safetensors"]
+    unwanted = ["README.md", ".gitattributes", "original/consolidated.00.pth", "model-q4.gguf", "onnx/model.onnx",
+                "optimizer.pt", "training_args.bin", "assets/benchmark.png"]
+    for _, patterns in fake_download:
+        kept = set(filter_repo_objects(needed + unwanted, allow_patterns=patterns))
+        assert kept == set(needed)
+
+    fake_download.clear()
+    assert cli("pull", "qwen3-8b", "--no-drafters").code == 0
+    assert [repo for repo, _ in fake_download] == ["Qwen/Qwen3-8B"]
+
+
+def test_pull_skips_local_entries(tmp_path, monkeypatch, tiny_model, fake_download, cli):
+    registry(tmp_path, monkeypatch, f'[models.t]\ntarget = "{tiny_model}"\ndrafters = {{ dflash = "Org/D" }}\n')
+    res = cli("pull", "t")
+    assert res.code == 0, res.err
+    assert "local folder" in res.out
+    assert [repo for repo, _ in fake_download] == ["Org/D"]
+
+
+def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def unreachable(*args, **kwargs):
+        raise LocalEntryNotFoundError("connection error and no cached snapshot")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
+    assert_one_line_error(cli("pull", "Org/Model"), "cannot reach the Hub", "Org/Model", "dflash pull")
+    assert_one_line_error(cli("generate", "--model", "Org/Model", "-p", "hi"), "cannot reach the Hub")
