@@ -65,7 +65,8 @@ class SpeculativeDecoder:
         d = torch.tensor(drafts, dtype=torch.long, device=session.device)
         n, bonus = self.accept(d, q, out.logits, params, gen)
         session.length = start + n + 1  # roll back the rejected drafts' KV
-        self.proposer.absorb(out.hidden[: n + 1], start, [last] + drafts[:n])
+        hidden = out.hidden[: n + 1] if out.hidden is not None else None  # None: a proposer that needs no states
+        self.proposer.absorb(hidden, start, [last] + drafts[:n])
         t2 = now(session.device)
         return Step(emitted=drafts[:n] + [bonus], draft=drafts, accepted=n, draft_s=t1 - t0, verify_s=t2 - t1)
 
