@@ -1,0 +1,296 @@
+"""Speculative sampling (temperature > 0) keeps the target's distribution.
+
+Chi-square goodness-of-fit tests against exact probabilities, never against another sample;
+fixed seeds make every test deterministic. The critical value is the 0.999 quantile of the
+chi-square distribution (computed from torch.special.gammainc, no scipy).
+
+1. accept_sampled on fixed rows: the first emitted token follows p[0]; given that i drafts were
+   accepted, the next emitted token follows p[i]; the number accepted follows the product of the
+   overlaps sum(min(p, q)); q == p always accepts, q disjoint from p always rejects.
+2. End to end on a target with an 8-token vocabulary: the joint distribution of the first three
+   generated tokens (the last two from a speculative step) with a DFlash and an EAGLE-3 drafter,
+   at temperature 1 and with top-k/top-p, equals the plain sampler's exact one. The EAGLE-3 draft
+   vocabulary covers half the tokens, so q is zero where the target has mass.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dflash_cli.engine.generation import Request, generate
+from dflash_cli.engine.proposers.dflash import DFlashProposer
+from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
+from dflash_cli.engine.sampling import SamplingParams, accept_sampled, probabilities
+from dflash_cli.engine.session import Session
+from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.eagle3 import Eagle3Drafter
+from dflash_cli.models.qwen3 import Qwen3Model
+from tiny import make_dflash, make_eagle3, qwen3_config, random_qwen3_tensors, save_sharded
+
+ALPHA = 0.999
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Thousands of tiny forwards: one intra-op thread is as fast, and much faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------
+# chi-square machinery
+
+
+def chi2_quantile(df: int, level: float = ALPHA) -> float:
+    """x with P(chi2_df <= x) = level: bisection on the regularised lower incomplete gamma."""
+    cdf = lambda x: float(torch.special.gammainc(torch.tensor(df / 2, dtype=torch.float64),  # noqa: E731
+                                                 torch.tensor(x / 2, dtype=torch.float64)))
+    lo, hi = 0.0, 10.0 * df + 100.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < level else (lo, mid)
+    return (lo + hi) / 2
+
+
+def test_chi2_quantiles_match_tables():
+    for df, x in [(1, 10.828), (2, 13.816), (5, 20.515), (10, 29.588), (30, 59.703)]:
+        assert abs(chi2_quantile(df) - x) < 2e-3
+
+
+def chi2(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> tuple[float, int]:
+    """Pearson statistic and degrees of freedom of `counts` against `probs` (flattened).
+
+    Cells expected below min_expected are pooled (smallest first) into one cell. A count in a
+    cell of probability zero is an outright failure.
+    """
+    counts, probs = counts.flatten().double(), probs.flatten().double()
+    probs = probs / probs.sum()
+    n = counts.sum()
+    impossible = counts[probs == 0].sum()
+    assert impossible == 0, f"{int(impossible)} samples of probability-0 outcomes"
+    keep = probs > 0
+    counts, expected = counts[keep], probs[keep] * n
+    order = expected.argsort()
+    counts, expected = counts[order], expected[order]
+    cut = int((expected < min_expected).sum())  # pool the small cells, and more until the pool is large enough
+    while 0 < cut < len(expected) and expected[:cut].sum() < min_expected:
+        cut += 1
+    obs = torch.cat([counts[:cut].sum()[None], counts[cut:]]) if cut else counts
+    exp = torch.cat([expected[:cut].sum()[None], expected[cut:]]) if cut else expected
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return stat, len(exp) - 1
+
+
+def assert_fits(counts: torch.Tensor, probs: torch.Tensor, what: str) -> float:
+    stat, df = chi2(counts, probs)
+    assert df >= 1, what
+    crit = chi2_quantile(df)
+    assert stat < crit, f"{what}: chi2 = {stat:.1f} >= {crit:.1f} (df {df}); counts {counts.tolist()}"
+    return stat
+
+
+def test_chi2_has_power():
+    """The machinery rejects a sample of another distribution and passes a sample of the right one."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    right = torch.bincount(torch.multinomial(p, 4000, True, generator=g), minlength=4)
+    wrong = torch.bincount(torch.multinomial(torch.tensor([0.36, 0.32, 0.2, 0.12]), 4000, True, generator=g),
+                           minlength=4)
+    assert_fits(right, p, "right")
+    stat, df = chi2(wrong, p)
+    assert stat > chi2_quantile(df)
+    with pytest.raises(AssertionError, match="probability-0"):
+        chi2(torch.tensor([5, 5, 1]), torch.tensor([0.5, 0.5, 0.0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. accept_sampled with fixed distributions
+
+
+def rows(g: torch.Generator, n: int, v: int, scale: float = 1.5, support=None) -> torch.Tensor:
+    logits = torch.randn(n, v, generator=g, dtype=torch.float64) * scale
+    if support is not None:
+        mask = torch.full((v,), float("-inf"), dtype=torch.float64)
+        mask[list(support)] = 0
+        logits = logits + mask
+    return torch.softmax(logits, -1).float()
+
+
+def run_accept(p: torch.Tensor, q: torch.Tensor, trials: int, seed: int):
+    """Draw drafts from q's rows, run accept_sampled; returns accepted counts [T] and emitted lists."""
+    k, v = q.shape
+    g = torch.Generator().manual_seed(seed)
+    drafts = torch.stack([torch.multinomial(q[i], trials, replacement=True, generator=g) for i in range(k)], 1)
+    accepted, emitted = [], []
+    for t in range(trials):
+        d = drafts[t]
+        n, bonus = accept_sampled(d, q, p, g)
+        assert 0 <= n <= k and 0 <= bonus < v
+        accepted.append(n)
+        emitted.append(d[:n].tolist() + [bonus])
+    return torch.tensor(accepted), emitted
+
+
+def check_accept_distribution(p, q, accepted, emitted, label):
+    k, v = q.shape
+    trials = len(emitted)
+    # Token i of the step, among steps that got that far, follows p[i] (rows are independent here).
+    for i in range(k + 1):
+        toks = torch.tensor([e[i] for e in emitted if len(e) > i], dtype=torch.long)
+        if len(toks) >= 200:
+            assert_fits(torch.bincount(toks, minlength=v), p[i], f"{label}: emitted token {i}")
+    # Accepted counts: P(n >= i+1 | n >= i) = sum(min(p_i, q_i)).
+    overlap = torch.minimum(p[:k].double(), q.double()).sum(-1)
+    reach = torch.cat([torch.ones(1, dtype=torch.float64), overlap.cumprod(0)])  # P(n >= i), i = 0..k
+    p_n = reach - torch.cat([reach[1:], torch.zeros(1, dtype=torch.float64)])
+    p_n = torch.where(p_n < 1e-6, 0.0, p_n)  # rounding of overlaps that are exactly 1
+    if (p_n > 0).sum() > 1:
+        assert_fits(torch.bincount(accepted, minlength=k + 1), p_n, f"{label}: accepted count")
+    else:
+        assert (accepted == int(p_n.argmax())).all()
+    return trials
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_accept_sampled_partial_overlap(seed):
+    g = torch.Generator().manual_seed(100 + seed)
+    v, k = 6, 3
+    p = rows(g, k + 1, v)
+    q = rows(g, k, v)
+    accepted, emitted = run_accept(p, q, 20000, seed)
+    check_accept_distribution(p, q, accepted, emitted, "overlap")
+    assert 0 < (accepted == 0).float().mean() < 0.9  # both acceptance and rejection happen
+    # The first token's marginal is p[0], not q[0]: the test would tell them apart.
+    first = torch.bincount(torch.tensor([e[0] for e in emitted]), minlength=v)
+    stat, df = chi2(first, q[0])
+    assert stat > chi2_quantile(df)
+
+
+def test_accept_sampled_with_zeros_on_both_sides():
+    """Filtered rows: q is zero where p has mass (EAGLE-3 tokens outside the draft vocabulary),
+    p is zero where q has mass (the target's top-k/top-p cut)."""
+    g = torch.Generator().manual_seed(7)
+    v, k = 6, 3
+    p = torch.stack([rows(g, 1, v, support=s)[0] for s in ([0, 1, 2, 3], [1, 2, 4], [0, 3, 4, 5], [2, 5])])
+    q = torch.stack([rows(g, 1, v, support=s)[0] for s in ([2, 3, 4], [0, 1, 2, 4, 5], [3, 4])])
+    accepted, emitted = run_accept(p, q, 20000, 3)
+    check_accept_distribution(p, q, accepted, emitted, "zeros")
+    assert (accepted >= 1).any() and (accepted == 0).any()
+
+
+def test_accept_sampled_q_equal_p_always_accepts():
+    g = torch.Generator().manual_seed(8)
+    v, k = 6, 3
+    p = rows(g, k + 1, v)
+    accepted, emitted = run_accept(p, p[:k].clone(), 6000, 4)
+    assert (accepted == k).all()
+    check_accept_distribution(p, p[:k], accepted, emitted, "q == p")
+
+
+def test_accept_sampled_disjoint_q_always_rejects():
+    g = torch.Generator().manual_seed(9)
+    v, k = 6, 3
+    p = rows(g, k + 1, v, support=[0, 1, 2])
+    q = rows(g, k, v, support=[3, 4, 5])
+    accepted, emitted = run_accept(p, q, 6000, 5)
+    assert (accepted == 0).all()  # the residual max(p - q, 0) is p itself
+    assert_fits(torch.bincount(torch.tensor([e[0] for e in emitted]), minlength=v), p[0], "disjoint: residual")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. end to end: the first tokens of generate() with a drafter, against the exact target probabilities
+
+VOCAB = 8
+PROMPT = [1, 2, 3, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sampling")
+    cfg = qwen3_config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    target_dir = root / "target"
+    target_dir.mkdir()
+    (target_dir / "config.json").write_text(json.dumps(cfg))
+    # Smaller weights than tiny.make_qwen3: next-token distributions with several likely tokens.
+    save_sharded(random_qwen3_tensors(cfg, seed=4, std=0.03), target_dir)
+    target = Qwen3Model.load(target_dir)
+    dflash = DFlashDrafter.load(make_dflash(root / "dflash", cfg, seed=5, layers=1, block_size=5,
+                                            target_layer_ids=[0, 1], std=0.05), target)
+    eagle = Eagle3Drafter.load(make_eagle3(root / "eagle3", cfg, seed=6, draft_vocab=4, std=0.15,
+                                           eagle_aux_hidden_state_layer_ids=[0, 1, 1]), target)
+    return target, dflash, eagle
+
+
+def exact_joint(target, params: SamplingParams, n: int = 3) -> torch.Tensor:
+    """P(first n tokens) [V]*n under the plain sampler: chained probabilities() of the target's logits."""
+
+    def next_probs(ids):
+        return probabilities(Session(target, 16).forward(ids).logits[-1], params).double()
+
+    joint = torch.zeros((VOCAB,) * n, dtype=torch.float64)
+    p1 = next_probs(PROMPT)
+    for a in range(VOCAB):
+        if p1[a] == 0:
+            continue
+        p2 = next_probs(PROMPT + [a])
+        for b in range(VOCAB):
+            if p2[b] == 0:
+                continue
+            joint[a, b] = p1[a] * p2[b] * next_probs(PROMPT + [a, b])
+    assert abs(float(joint.sum()) - 1) < 1e-6
+    return joint
+
+
+# (drafter, params, draft length, runs). max_tokens = 3: the first token comes from the prefill,
+# the next two from the first speculative step of min(draft length, 2) drafts. With one draft the
+# third token is the bonus whenever the draft is accepted; with two, the second draft's test.
+CONFIGS = {
+    "dflash-T1-k1": ("dflash", SamplingParams(temperature=1.0), 1, 1500),
+    "eagle3-T1-k2": ("eagle3", SamplingParams(temperature=1.0), 4, 1500),
+    "dflash-topk-topp-k2": ("dflash", SamplingParams(temperature=0.8, top_k=3, top_p=0.8), 4, 1200),
+    "eagle3-topk-topp-k1": ("eagle3", SamplingParams(temperature=1.3, top_k=6, top_p=0.85), 1, 1200),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_speculative_sampling_matches_the_target_distribution(models, config):
+    target, dflash, eagle = models
+    kind, params, draft_len, runs = CONFIGS[config]
+    proposer = DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle)
+    decoder = SpeculativeDecoder(proposer, draft_len)
+    joint = exact_joint(target, params)
+    counts = torch.zeros_like(joint)
+    accepted = drafted = 0
+    for seed in range(runs):
+        p = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
+        res = generate(Session(target, 16), decoder, Request(PROMPT, p, max_tokens=3))
+        assert len(res.tokens) == 3 and res.finish_reason == "length"
+        assert sum(len(s.emitted) for s in res.steps) == 2
+        counts[tuple(res.tokens)] += 1
+        first = res.steps[0]
+        assert len(first.draft) == min(draft_len, 2)  # k = min(draft length, tokens left)
+        accepted += first.accepted
+        drafted += len(first.draft)
+    # Drafts are accepted and rejected: both branches of the rejection sampler are exercised.
+    assert 0.05 < accepted / drafted < 0.95, accepted / drafted
+    assert_fits(counts.sum(-1), joint.sum(-1), f"{config}: tokens 1-2")
+    assert_fits(counts, joint, f"{config}: tokens 1-3")
+    # The speculative step's two tokens: the second given the first, pooled over the first.
+    assert_fits(counts.sum(0), joint.sum(0), f"{config}: tokens 2-3")
+
+    if kind == "eagle3":
+        # The target puts mass outside the draft vocabulary, where q is 0: only the residual
+        # (or the bonus) can emit those tokens, and they must come out at the target's rate.
+        outside = torch.ones(VOCAB, dtype=torch.bool)
+        outside[eagle.draft_to_target] = False
+        assert outside.sum() == VOCAB - 4
+        p2 = joint.sum((0, 2))
+        assert float(p2[outside].sum()) > 0.2
+        assert abs(float(counts.sum((0, 2))[outside].sum()) / runs - float(p2[outside].sum())) < 0.06
