@@ -45,9 +45,11 @@ def registry(tiny_registry, monkeypatch):
 
 def test_bench_all_three_modes_table_and_json(cli, registry, tmp_path):
     out = tmp_path / "bench.json"
+    plot = tmp_path / "bench.png"
     r = cli("bench", "--draft", "dflash,eagle3", "--prompts", registry / "prompts.jsonl", "--max-tokens", "12",
-            "--json", out)
+            "--json", out, "--plot", plot)
     assert r.code == 0, r.err
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for word in ("dflash bench", "tok/s", "speedup", "τ", "draft ms/step", "verify ms/step", "none", "dflash", "eagle3"):
         assert word in r.out
     rep = json.loads(out.read_text())

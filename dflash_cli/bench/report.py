@@ -48,14 +48,19 @@ def write_json(rep: dict, path: Path) -> None:
         raise DflashError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def write_plot(rep: dict, path: Path) -> None:
+def require_matplotlib():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise DflashError("--plot needs matplotlib: pip install matplotlib") from None
+        raise DflashError("--plot needs matplotlib: pip install 'dflash-cli[plot]' (or matplotlib)") from None
+    return plt
+
+
+def write_plot(rep: dict, path: Path) -> None:
+    plt = require_matplotlib()
     modes = rep["modes"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     axes[0].bar([m["mode"] for m in modes], [m["decode_tok_per_s"] for m in modes], color="tab:blue")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from ..bench.report import print_table, write_json, write_plot
+from ..bench.report import print_table, require_matplotlib, write_json, write_plot
 from ..bench.run import BenchOptions, run_modes
 from ..errors import DflashError
 
@@ -14,6 +14,8 @@ def run_bench(o: BenchOptions, console: Console) -> dict:
         raise DflashError("--synthetic-tau needs --synthetic")
     if o.synthetic_tau is not None and o.synthetic_tau < 1:
         raise DflashError(f"--synthetic-tau is a mean committed length, >= 1 (got {o.synthetic_tau})")
+    if o.plot:
+        require_matplotlib()  # fail before the run, not after it
     with console.status("benchmarking…") as status:
         rep = run_modes(o, on_progress=lambda mode, i, n: status.update(f"{mode}: {i}/{n}"))
     print_table(rep, console)
