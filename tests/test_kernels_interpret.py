@@ -33,6 +33,14 @@ CHECK = textwrap.dedent("""
         cos, sin = ops.rope_tables(16, 10000.0, 12, "cpu")
         c, s = cos[5:8].contiguous(), sin[5:8].contiguous()
         assert rel(k.apply_rope(q, c, s), ops.apply_rope(q, c, s)) <= tol
+        kk4 = qkv[:, 64:96].reshape(3, 2, 16)
+        wk = (1 + 0.1 * torch.randn(16)).to(dt)
+        got_q, got_k = k.qk_norm_rope(q, kk4, wq, wk, 1e-6, c, s)
+        assert rel(got_q, ops.apply_rope(ops.rms_norm(q, wq, 1e-6), c, s)) <= tol
+        assert rel(got_k, ops.apply_rope(ops.rms_norm(kk4, wk, 1e-6), c, s)) <= tol
+        hh, delta = torch.randn(3, 96).to(dt), torch.randn(3, 96).to(dt)
+        h2, x2 = k.add_rms_norm(hh, delta, w, 1e-6)
+        assert rel(h2, hh + delta) <= tol and rel(x2, ops.rms_norm(hh + delta, w, 1e-6)) <= tol
         gu = torch.randn(3, 2 * 1500).to(dt)
         assert rel(k.silu_mul(gu), ops.silu_mul(gu)) <= tol
         for m, n, kk, cfg in ((1, 100, 300, None), (5, 64, 1024, (16, 256, 4)), (16, 40, 512, (32, 128, 1))):

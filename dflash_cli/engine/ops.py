@@ -52,6 +52,21 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """The residual update and the next norm in one: (h + delta, rms_norm(h + delta))."""
+    if (k := fast_kernels(h)) and h.dim() == 2 and h.dtype == delta.dtype == weight.dtype:
+        return k.add_rms_norm(h, delta, weight, eps)
+    h = h + delta
+    return h, rms_norm(h, weight, eps)
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
+    """Per-head RMSNorm of q [T, H, D] and k [T, KV, D], then RoPE at the rows' positions."""
+    if (kk := fast_kernels(q)) and q.dtype == q_weight.dtype and cos.is_contiguous() and sin.is_contiguous():
+        return kk.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+    return apply_rope(rms_norm(q, q_weight, eps), cos, sin), apply_rope(rms_norm(k, k_weight, eps), cos, sin)
+
+
 def rope_tables(head_dim: int, theta: float, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [max_positions, head_dim] in float32 (half-split layout)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))

@@ -69,13 +69,14 @@ class DecoderLayer:
         )
 
 
-def project_qkv(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config):
-    """x: [T, hidden] (already normed) -> q [T, H, D], k, v [T, KV, D]; q/k normed, no RoPE yet."""
+def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos, sin):
+    """x: [T, hidden] (already normed) -> q [T, H, D], k, v [T, KV, D]; q/k normed and rotated
+    at the rows' positions (cos/sin [T, D]); one fused kernel for both on the GPU."""
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     qkv = ops.linear(x, layer.qkv, layer.qkv_bias)
     q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
-    q = ops.rms_norm(q.reshape(-1, nh, d), layer.q_norm, cfg.rms_norm_eps)
-    k = ops.rms_norm(k.reshape(-1, nkv, d), layer.k_norm, cfg.rms_norm_eps)
+    q, k = ops.qk_norm_rope(q.reshape(-1, nh, d), k.reshape(-1, nkv, d), layer.q_norm, layer.k_norm,
+                            cfg.rms_norm_eps, cos, sin)
     return q, k, v.reshape(-1, nkv, d)
 
 

@@ -13,7 +13,7 @@ from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, mlp_block, project_qkv
+from .decoder import DecoderLayer, layer_shapes, project_qkv_rope
 
 
 def checkpoint_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -94,19 +94,20 @@ class Qwen3Model:
         return self.run(ids, span, capture, all_logits)
 
     def run(self, ids: torch.Tensor, span, capture: Sequence[int], all_logits: bool) -> ForwardOut:
-        cfg = self.cfg
-        cos, sin = span.cos, span.sin
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
         h = self.embed[ids]
         captured = {0: h} if 0 in capture else {}
+        x = ops.rms_norm(h, self.layers[0].input_norm, eps)
+        # Each residual add is fused with the norm that follows it (the next layer's, or the final one).
+        norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         for i, layer in enumerate(self.layers):
-            x = ops.rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = project_qkv(layer, x, cfg)
-            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+            q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin)
             attn = span.attend(i, q, k, v, self.scale)
-            h = h + ops.linear(attn, layer.o)
-            h = mlp_block(layer, h, cfg.rms_norm_eps)
+            h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o), layer.post_norm, eps)
+            h, x = ops.add_rms_norm(h, ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down),
+                                    norms[i], eps)
             if i + 1 in capture:
                 captured[i + 1] = h
         hidden = torch.cat([captured[j] for j in capture], dim=-1) if capture else None
-        logits = self.logits(h if all_logits else h[-1:])
+        logits = ops.linear(x if all_logits else x[-1:], self.lm_head).float()
         return ForwardOut(logits=logits, hidden=hidden)

@@ -28,6 +28,14 @@ def test_fused_kernels_match_reference_bf16():
         cos, sin = ops.rope_tables(128, 1e6, 4096, "cpu")
         c, s = cos[3000 : 3000 + t].contiguous(), sin[3000 : 3000 + t].contiguous()
         assert rel(k.apply_rope(q.cuda(), c.cuda(), s.cuda()), ops.apply_rope(q, c, s)) <= 1e-2
+        kk = qkv[:, 32 * 128 : 40 * 128].reshape(t, 8, 128)
+        wk = (1 + 0.1 * torch.randn(128)).to(bf)
+        gq, gk = k.qk_norm_rope(q.cuda(), kk.cuda(), wq.cuda(), wk.cuda(), 1e-6, c.cuda(), s.cuda())
+        assert rel(gq, ops.apply_rope(ops.rms_norm(q, wq, 1e-6), c, s)) <= 1e-2
+        assert rel(gk, ops.apply_rope(ops.rms_norm(kk, wk, 1e-6), c, s)) <= 1e-2
+        delta = torch.randn(t, 2560, dtype=bf)
+        h2, x2 = k.add_rms_norm(x.cuda(), delta.cuda(), w.cuda(), 1e-6)
+        assert rel(h2, x + delta) <= 1e-2 and rel(x2, ops.rms_norm(x + delta, w, 1e-6)) <= 1e-2
         gu = torch.randn(t, 2 * 9728, dtype=bf)
         assert rel(k.silu_mul(gu.cuda()), ops.silu_mul(gu)) <= 1e-2
 

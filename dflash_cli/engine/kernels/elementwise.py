@@ -86,3 +86,72 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = 1024
     _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), BLOCK=block)
     return out
+
+
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, H, KV,
+                         stride_qt, stride_qh, stride_kt, stride_kh, eps, D: tl.constexpr, HALF: tl.constexpr):
+    # One program per (row, head) over the q heads then the k heads: RMSNorm then RoPE, rounded as the reference.
+    pid = tl.program_id(0)
+    per_row = H + KV
+    t, head = pid // per_row, pid % per_row
+    is_q = head < H
+    kh = head - H
+    src = tl.where(is_q, q_ptr + t * stride_qt + head * stride_qh, k_ptr + t * stride_kt + kh * stride_kh)
+    w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
+    dst = tl.where(is_q, q_out + (t * H + head) * D, k_out + (t * KV + kh) * D)
+    dt = q_out.dtype.element_ty
+    offs = tl.arange(0, HALF)
+    x1 = tl.load(src + offs).to(tl.float32)
+    x2 = tl.load(src + HALF + offs).to(tl.float32)
+    r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+    w1 = tl.load(w_ptr + offs).to(tl.float32)
+    w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
+    y1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+    y2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    c1 = tl.load(cos_ptr + t * D + offs).to(dt).to(tl.float32)
+    c2 = tl.load(cos_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
+    s1 = tl.load(sin_ptr + t * D + offs).to(dt).to(tl.float32)
+    s2 = tl.load(sin_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
+    o1 = (y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)
+    o2 = (y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)
+    tl.store(dst + offs, o1.to(dt))
+    tl.store(dst + HALF + offs, o2.to(dt))
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
+    t, h, d = q.shape
+    kv = k.shape[1]
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
+    q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((t, kv, d), dtype=k.dtype, device=k.device)
+    _qk_norm_rope_kernel[(t * (h + kv),)](q, k, q_weight, k_weight, cos, sin, q_out, k_out, h, kv,
+                                          q.stride(0), q.stride(1), k.stride(0), k.stride(1), eps,
+                                          D=d, HALF=d // 2)
+    return q_out, k_out
+
+
+@triton.jit
+def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, h_out, x_out, stride_h, stride_d, eps, D: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < D
+    dt = h_out.dtype.element_ty
+    s = (tl.load(h_ptr + row * stride_h + offs, mask=mask, other=0.0).to(tl.float32)
+         + tl.load(d_ptr + row * stride_d + offs, mask=mask, other=0.0).to(tl.float32)).to(dt)
+    tl.store(h_out + row * D + offs, s, mask=mask)
+    x = s.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x_out + row * D + offs, ((x * r).to(dt).to(tl.float32) * w).to(dt), mask=mask)
+
+
+def add_rms_norm(h, delta, weight, eps):
+    t, d = h.shape
+    assert h.stride(-1) == 1 and delta.stride(-1) == 1
+    h_out = torch.empty_like(h, memory_format=torch.contiguous_format)
+    x_out = torch.empty_like(h_out)
+    _add_rms_norm_kernel[(t,)](h, delta, weight, h_out, x_out, h.stride(0), delta.stride(0), eps, D=d,
+                               BLOCK=triton.next_power_of_2(d))
+    return h_out, x_out
