@@ -11,6 +11,7 @@ eagerly: that is how its correctness is tested without a GPU.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 
@@ -80,9 +81,16 @@ class Graphs:
         with torch.cuda.stream(side):
             self._run(step, key)
         torch.cuda.current_stream(dev).wait_stream(side)
+        # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a
+        # capture, its teardown would invalidate the capture. Collect first, and not during.
+        gc.collect()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            step.out = self._run(step, key)
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                step.out = self._run(step, key)
+        finally:
+            gc.enable()
         step.graph = graph
         torch.cuda.synchronize(dev)
         self.capture_s += time.perf_counter() - t0
