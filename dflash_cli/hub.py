@@ -7,8 +7,7 @@ from pathlib import Path
 
 from .errors import DflashError
 
-# Only what the engine reads: never optimizer states or images. pytorch_model.bin is read
-# only when a drafter has no safetensors (some EAGLE-3 exports); Qwen3 repos have none.
+# Only what the engine reads: never optimizer states, .bin duplicates or images.
 ALLOW_PATTERNS = [
     "config.json",
     "generation_config.json",
@@ -18,8 +17,8 @@ ALLOW_PATTERNS = [
     "special_tokens_map.json",
     "*.safetensors",
     "model.safetensors.index.json",
-    "pytorch_model.bin",
 ]
+LEGACY_WEIGHTS = "pytorch_model.bin"  # fetched only when a repo has no safetensors (some EAGLE-3 exports)
 
 
 def offline() -> bool:
@@ -56,7 +55,10 @@ def download(repo: str, revision: str | None = None, progress: bool = True) -> P
 
     (enable_progress_bars if progress else disable_progress_bars)()
     try:
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
+        path = Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
+        if not any(path.glob("*.safetensors")):
+            path = Path(snapshot_download(repo, revision=revision, allow_patterns=[LEGACY_WEIGHTS]))
+        return path
     except GatedRepoError:
         raise DflashError(f"{repo} is gated: accept its licence on the Hub and log in (`hf auth login`)") from None
     except RepositoryNotFoundError:

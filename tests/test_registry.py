@@ -194,6 +194,8 @@ def fake_download(tmp_path, monkeypatch):
         out = tmp_path / "downloads" / repo_id
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text("{}" * 100)
+        if "legacy" not in repo_id and allow_patterns != ["pytorch_model.bin"]:
+            (out / "model.safetensors").write_bytes(b"")
         return str(out)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
@@ -220,6 +222,16 @@ def test_pull_downloads_target_and_drafters_with_only_the_needed_files(fake_down
     fake_download.clear()
     assert cli("pull", "qwen3-8b", "--no-drafters").code == 0
     assert [repo for repo, _ in fake_download] == ["Qwen/Qwen3-8B"]
+
+
+def test_pytorch_bin_is_fetched_only_when_a_repo_has_no_safetensors(fake_download):
+    from dflash_cli import hub
+
+    hub.download("Org/legacy-eagle3", progress=False)
+    assert fake_download[-1] == ("Org/legacy-eagle3", ["pytorch_model.bin"])
+    fake_download.clear()
+    hub.download("Org/modern", progress=False)
+    assert len(fake_download) == 1 and "pytorch_model.bin" not in fake_download[0][1]
 
 
 def test_pull_skips_local_entries(tmp_path, monkeypatch, tiny_model, fake_download, cli):

@@ -59,12 +59,12 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
     if len(ids) >= limit:
         raise DflashError(f"prompt is {len(ids)} tokens; the context holds {limit}")
     params = sampling_params(bundle, o.temperature, o.top_p, o.top_k, o.seed)
-    trace = _open_trace(o.trace)
-    decoder = make_decoder(bundle, o.draft, o.draft_len)
-    # A little room past max_tokens so the last speculative steps keep their full block.
-    session = Session(bundle.load_model(), max_len=min(limit, len(ids) + o.max_tokens + 32))
-    req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
+    trace = _open_trace(o.trace)  # early: a bad path fails before the weights load
     try:
+        decoder = make_decoder(bundle, o.draft, o.draft_len)
+        # A little room past max_tokens so the last speculative steps keep their full block.
+        session = Session(bundle.load_model(), max_len=min(limit, len(ids) + o.max_tokens + 32))
+        req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
         if o.json:
             result = generate(session, decoder, req, on_step=_tracer(trace))
         else:

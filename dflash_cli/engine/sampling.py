@@ -76,8 +76,9 @@ def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[in
     """drafts [k]; target_logits [k+1, V]. Returns (accepted count, the target's next token)."""
     best = target_logits.argmax(-1)
     agree = (drafts == best[:-1]).to(torch.int64)
-    n = int(agree.cumprod(0).sum().item())
-    return n, int(best[n].item())
+    n = agree.cumprod(0).sum()
+    n, bonus = torch.stack([n, best[n]]).tolist()  # one host sync for both
+    return n, bonus
 
 
 def accept_sampled(
