@@ -100,3 +100,54 @@ def test_bench_bad_input_is_one_line(cli, registry, tmp_path):
     assert r.code == 1 and "--synthetic" in r.err
     r = cli("bench", "--synthetic", "--draft", "nope")
     assert r.code == 1 and r.err.startswith("error:")
+
+
+def test_timed_runs_reuse_the_warm_up_decoders_and_graphs(registry, tmp_path, monkeypatch):
+    """2 prompts × 2 repeats: one decoder (one drafter load, one set of graphs) per mode, and the
+    warm-up covers every prompt, so no graph shape is first met inside a timed run. The second
+    prompt ends past the first's 256-row attention window: a prompt-0-only warm-up would miss it."""
+    import dflash_cli.drafters as drafters
+    from dflash_cli.bench import run as bench_run
+    from dflash_cli.engine import graphs as graphs_mod
+    from dflash_cli.engine.session import Session
+
+    made, loads, graphs_built = [], [], []
+    real_make = drafters.make_decoder
+
+    def counting_make(bundle, draft, draft_len=None):
+        made.append(draft)
+        return real_make(bundle, draft, draft_len)
+
+    monkeypatch.setattr(drafters, "make_decoder", counting_make)
+    for kind, load in list(drafters.LOADERS.items()):
+        monkeypatch.setitem(drafters.LOADERS, kind, lambda path, target, kind=kind, load=load:
+                            loads.append(kind) or load(path, target))
+    real_init = graphs_mod.Graphs.__init__
+
+    def counting_init(self, *a, **k):
+        graphs_built.append(self)
+        real_init(self, *a, **k)
+
+    monkeypatch.setattr(graphs_mod.Graphs, "__init__", counting_init)
+    # The static path runs the graphs' device-position forward eagerly: graph keys are built as on CUDA.
+    monkeypatch.setattr(bench_run, "Session", lambda model, max_len: Session(model, max_len, path="static"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def fibonacci(n):"}) + "\n"
+                       + json.dumps({"prompt": "count: " + " ".join(str(i) for i in range(120))}) + "\n")
+    rep = bench_run.run_modes(bench_run.BenchOptions(drafts=["none", "dflash", "eagle3"], prompts=prompts,
+                                                     max_tokens=12, repeat=2))
+    assert sorted(made) == ["dflash", "eagle3"] and sorted(loads) == ["dflash", "eagle3"]
+    assert len(graphs_built) == 1 + 2 + 1  # target; DFlash block + absorb; EAGLE-3 chain
+    lengths = [p["prompt_tokens"] for p in rep["prompts"]]
+    assert lengths[0] + 12 + BLOCK < 256 < lengths[1]
+    eng = rep["engine"]
+    assert eng["path"] == "static"
+    assert eng["graph_shapes_timed"] == 0 and eng["graph_captures_timed"] == 0 and eng["graph_captures"] == 0
+    assert all(m["runs"] == 4 and m["graph_captures_timed"] == 0 for m in rep["modes"])
+    per = rep["per_run"]
+    assert [x["tokens"] for x in per["none"]] == [x["tokens"] for x in per["dflash"]] == [x["tokens"] for x in per["eagle3"]]
+
+
+def test_synthetic_empty_prompt_is_one_error_line(cli, registry):
+    r = cli("bench", "--synthetic", "--synthetic-prompt-len", "0", "--max-tokens", "2", "--draft", "dflash")
+    assert r.code == 1 and r.err.startswith("error:") and r.err.count("\n") == 1 and "empty" in r.err, r.err

@@ -204,3 +204,20 @@ def test_models_lists_the_registry(cli, empty_hub_cache):
     assert any("qwen3-8b" in r and "Qwen/Qwen3-8B" in r for r in rows)
     assert "z-lab/Qwen3-4B-DFlash-b16" in res.out and "AngelSlim/Qwen3-4B_eagle3" in res.out
     assert "✓" not in res.out  # nothing is downloaded in an empty cache
+
+
+def test_empty_prompt_with_nothing_pending_is_a_clear_error(tiny_model):
+    """The engine refuses an empty prompt (the CLI rejects it earlier: `-p "" --raw` above)."""
+    from dflash_cli.engine.generation import PlainDecoder, Request, generate
+    from dflash_cli.engine.sampling import SamplingParams
+    from dflash_cli.engine.session import Session
+    from dflash_cli.errors import DflashError
+
+    session = Session(Qwen3Model.load(tiny_model), 64)
+    with pytest.raises(DflashError, match="the prompt is empty"):
+        generate(session, PlainDecoder(), Request([], SamplingParams(), 4))
+    assert session.length == 0 and session.pending == []
+    first = generate(session, PlainDecoder(), Request([5, 6, 7], SamplingParams(), 2))
+    # A pending token (the last answer token) is something to continue from.
+    more = generate(session, PlainDecoder(), Request([], SamplingParams(), 2))
+    assert len(more.tokens) == 2 and session.length == 3 + len(first.tokens) + 1

@@ -61,3 +61,46 @@ def test_generation_is_identical_on_the_static_path(models, kind):
         return generate(session, decoder, Request(prompt, SamplingParams(), max_tokens=240)).tokens
 
     assert run("static") == run("eager")
+
+
+@pytest.mark.parametrize("which", ["dflash", "eagle3"])
+def test_drafter_graphs_follow_the_session_path(models, which):
+    """Graphs built for "static" (eager replay) are rebuilt for "graphs" and back, reused otherwise."""
+    drafter = models[1] if which == "dflash" else models[2]
+
+    def current():
+        g = drafter.graphs
+        return g if isinstance(g, tuple) else (g,)
+
+    drafter.reset(300, "static")
+    first = current()
+    assert all(g.requested is False for g in first)
+    drafter.reset(300, "eager")
+    drafter.reset(300, "static")
+    assert current() == first  # same path: the same objects, captured steps kept
+    drafter.reset(300, "graphs")
+    second = current()
+    assert all(g.requested is True for g in second) and not set(map(id, second)) & set(map(id, first))
+    drafter.reset(300, "graphs")
+    assert current() == second
+    drafter.reset(300, "static")
+    assert all(g.requested is False for g in current())
+
+
+def test_longer_rope_tables_clear_captured_target_graphs(tmp_path):
+    """A session needing longer RoPE tables replaces them: graphs captured over the old ones are dropped."""
+    target = Qwen3Model.load(make_qwen3(tmp_path / "t", seed=21, num_hidden_layers=2, max_position_embeddings=8192))
+    eager, static = Session(target, 300, path="eager"), Session(target, 300, path="static")
+    prompt = list(range(5, 45))
+    eager.forward(prompt), static.forward(prompt)
+    for tok in (7, 8):
+        eager.forward([tok]), static.forward([tok])
+    assert static.fast.steps
+    old_cos = target.cos
+    longer = Session(target, 5000, path="static")
+    assert target.cos is not old_cos and target.cos.shape[0] >= 5000
+    assert not static.fast.steps  # rebuilt on next use, over the new tables
+    for tok in (9, 10):
+        a, b = eager.forward([tok]), static.forward([tok])
+        assert torch.allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+    assert static.fast.steps and longer.fast is not static.fast

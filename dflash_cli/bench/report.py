@@ -37,8 +37,11 @@ def print_table(rep: dict, console: Console) -> None:
     console.print(table)
     eng = rep.get("engine")
     if eng:
-        console.print(f"engine: {eng['path']}" + (f" · {eng['graph_captures']} CUDA graphs captured in "
-                                                  f"{eng['graph_capture_s']:.2f} s" if eng["graph_captures"] else ""))
+        line = f"engine: {eng['path']}"
+        if eng["graph_captures"]:
+            line += (f" · {eng['graph_captures']} CUDA graphs (target and drafters) captured in "
+                     f"{eng['graph_capture_s']:.2f} s, {eng.get('graph_captures_timed', 0)} during timed runs")
+        console.print(line)
 
 
 def write_json(rep: dict, path: Path) -> None:

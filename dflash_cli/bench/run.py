@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..engine.generation import PlainDecoder, Request, Result, generate
+from ..engine.graphs import Totals
 from ..engine.sampling import SamplingParams
 from ..engine.session import Session
 from ..errors import DflashError
@@ -72,6 +73,8 @@ class ModeRun:
     mode: str
     kind: str
     results: list[Result]
+    captures_timed: int = 0  # CUDA graphs captured during this mode's timed runs (target and drafter)
+    shapes_timed: int = 0  # graph keys first used during timed runs (captures on the graphs path)
 
     def summary(self) -> dict:
         from ..engine.stats import step_stats
@@ -95,6 +98,7 @@ class ModeRun:
             "draft_ms_per_step": round(st["draft_s"] / n * 1000, 4),
             "verify_ms_per_step": round(st["verify_s"] / n * 1000, 4),
             "step_ms": round(decode / n * 1000, 4),
+            "graph_captures_timed": self.captures_timed,
         }
 
 
@@ -106,7 +110,7 @@ class BenchTarget:
         from ..registry import Registry
 
         self.o = o
-        self._drafters: dict = {}
+        self._decoders: dict = {}  # one decoder (and drafter, with its graphs) per mode, built once
         entry = self.entry = Registry.load().resolve(o.model)
         self.name = entry.name
         self.prompts = load_prompts(o.prompts)
@@ -136,6 +140,19 @@ class BenchTarget:
             raise DflashError(f"longest prompt + --max-tokens ({self.max_len}) exceeds the model's {limit} positions")
 
     def decoder(self, mode: str, plain_runs: list[Result] | None, index: int | None):
+        """The mode's decoder: built on first use (the warm-up), then the same object for every run,
+        so no drafter is reloaded and no graph recaptured inside a timed run."""
+        decoder = self._decoders.get(mode)
+        if decoder is None:
+            decoder = self._decoders[mode] = self._make_decoder(mode)
+        if (mode != "none" and self.o.synthetic and self.o.synthetic_tau is not None
+                and plain_runs is not None and index is not None):
+            seq = self.prompt_ids[index] + plain_runs[index].tokens
+            inner = getattr(decoder.proposer, "inner", decoder.proposer)
+            decoder.proposer = ForcedAcceptance(inner, seq, self.o.synthetic_tau, self.model.cfg.vocab_size, index)
+        return decoder
+
+    def _make_decoder(self, mode: str):
         if mode == "none":
             return PlainDecoder()
         if not self.o.synthetic:
@@ -148,18 +165,11 @@ class BenchTarget:
 
         if mode not in LOADERS:
             raise DflashError(f"--synthetic takes drafter kinds (dflash, eagle3), not '{mode}'")
-        decoder = self._drafters.get(mode)
-        if decoder is None:
-            proposer = _proposer(mode, random_drafter(self.name, mode, self.model))
-            # As for real drafters: DFlash's block is fixed by the checkpoint, EAGLE-3's chain by the registry.
-            k = self.o.draft_len or (self.entry.draft_len if mode == "eagle3" else None)
-            make = ForcedDecoder if self.o.synthetic_tau is not None else SpeculativeDecoder
-            decoder = self._drafters[mode] = make(proposer, k)
-        if self.o.synthetic_tau is not None and plain_runs is not None and index is not None:
-            seq = self.prompt_ids[index] + plain_runs[index].tokens
-            inner = getattr(decoder.proposer, "inner", decoder.proposer)
-            decoder.proposer = ForcedAcceptance(inner, seq, self.o.synthetic_tau, self.model.cfg.vocab_size, index)
-        return decoder
+        proposer = _proposer(mode, random_drafter(self.name, mode, self.model))
+        # As for real drafters: DFlash's block is fixed by the checkpoint, EAGLE-3's chain by the registry.
+        k = self.o.draft_len or (self.entry.draft_len if mode == "eagle3" else None)
+        make = ForcedDecoder if self.o.synthetic_tau is not None else SpeculativeDecoder
+        return make(proposer, k)
 
 
 def _proposer(kind: str, drafter):
@@ -184,31 +194,39 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
     plain_first: list[Result] | None = None
     # One session for every run: its cache and captured CUDA graphs are reused (reset = length 0).
     session = Session(bt.model, bt.max_len)
+    start = Totals.snapshot()
     for mode in o.drafts:
-        results: list[Result] = []
-        kind = "none"
-        for rep in range(o.repeat + 1):  # repetition 0 is the warm-up, not counted
+        run = ModeRun(mode, "none", [])
+        # Repetition 0 is the warm-up, not counted: every prompt once at full length. Greedy (and
+        # seeded) runs repeat exactly, so every CUDA graph the timed runs need (one per attention
+        # window bucket and span size, target and drafter) is captured before anything is timed.
+        for rep in range(o.repeat + 1):
             for i, ids in enumerate(bt.prompt_ids):
-                if rep == 0 and i > 0:
-                    break
                 decoder = bt.decoder(mode, plain_first, i)
-                kind = decoder.kind
+                run.kind = decoder.kind
                 session.reset()
-                # The warm-up runs the full length once, so every CUDA graph (one per attention window
-                # bucket and span size) is captured before anything is timed.
                 req = Request(ids, params, o.max_tokens, bt.stop_ids)
+                before = Totals.snapshot()
                 r = generate(session, decoder, req)
                 if rep > 0:
-                    results.append(r)
+                    after = Totals.snapshot()
+                    run.shapes_timed += after[0] - before[0]
+                    run.captures_timed += after[1] - before[1]
+                    run.results.append(r)
                     if on_progress:
-                        on_progress(mode, len(results), len(bt.prompt_ids) * o.repeat)
+                        on_progress(mode, len(run.results), len(bt.prompt_ids) * o.repeat)
         if mode == "none":
-            plain_first = results[: len(bt.prompt_ids)]
-        runs.append(ModeRun(mode, kind, results))
+            plain_first = run.results[: len(bt.prompt_ids)]
+        runs.append(run)
     rep = report(o, bt, runs)
-    fast = session.fast
-    rep["engine"] = {"path": session.path, "graph_captures": fast.captures if fast else 0,
-                     "graph_capture_s": round(fast.capture_s, 3) if fast else 0.0}
+    end = Totals.snapshot()
+    rep["engine"] = {
+        "path": session.path,
+        "graph_captures": end[1] - start[1],  # target and drafters, warm-up included
+        "graph_capture_s": round(end[2] - start[2], 3),
+        "graph_captures_timed": sum(r.captures_timed for r in runs),  # ideally 0
+        "graph_shapes_timed": sum(r.shapes_timed for r in runs),  # the same count on the eager static path
+    }
     return rep
 
 

@@ -110,6 +110,8 @@ def generate(
     on_step: Callable[[Step], None] | None = None,
 ) -> Result:
     """Run one generation. Ctrl-C (KeyboardInterrupt) ends it early but keeps the session usable."""
+    if not req.prompt_ids and not session.pending:
+        raise DflashError("the prompt is empty")  # nothing to condition the first token on
     check_fits(session, len(req.prompt_ids), req.max_tokens)
     stops = set(req.stop_ids)
     gen = None if req.params.greedy else req.params.generator(session.device)

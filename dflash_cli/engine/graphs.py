@@ -21,6 +21,20 @@ MIN_WINDOW = 256
 MAX_ROWS = 32  # longer spans (prefill) run eagerly
 
 
+class Totals:
+    """Process-wide counts over every Graphs object (target and drafters): bench reads the
+    difference across its timed runs. `shapes` counts first uses of a key on any static path
+    (on the graphs path each one is a capture), so CPU tests can check warm-up coverage."""
+
+    shapes = 0
+    captures = 0
+    capture_s = 0.0
+
+    @classmethod
+    def snapshot(cls) -> tuple[int, int, float]:
+        return cls.shapes, cls.captures, cls.capture_s
+
+
 def window_for(end: int, max_len: int) -> int:
     w = MIN_WINDOW
     while w < end:
@@ -41,6 +55,7 @@ class Graphs:
 
     def __init__(self, fn, device, max_len: int, use_graphs: bool = True):
         self.fn, self.device, self.max_len = fn, torch.device(device), max_len
+        self.requested = use_graphs  # the session path's choice, whatever the device (see drafters' reset)
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.steps: dict[tuple, _Captured] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -64,6 +79,13 @@ class Graphs:
             step.out = self._run(step, key)
         return step.out
 
+    def clear(self) -> None:
+        """Drop every captured step (they are rebuilt on next use): for when tensors a capture
+        read in place, such as RoPE tables, have been replaced."""
+        self.steps.clear()
+        if self.use_graphs:  # the private pool went with the dropped graphs: capture into a new one
+            self.pool = torch.cuda.graph_pool_handle()
+
     def _run(self, step: _Captured, key):
         return self.fn(step.ids, step.start, *key[1:])
 
@@ -71,6 +93,7 @@ class Graphs:
         dev = self.device
         step = _Captured(ids=host_ids.to(dev, copy=True), start=torch.tensor(start, dtype=torch.long, device=dev),
                          out=None, graph=None)
+        Totals.shapes += 1
         if not self.use_graphs:
             return step
         t0 = time.perf_counter()
@@ -93,8 +116,11 @@ class Graphs:
             gc.enable()
         step.graph = graph
         torch.cuda.synchronize(dev)
-        self.capture_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.capture_s += took
         self.captures += 1
+        Totals.capture_s += took
+        Totals.captures += 1
         return step
 
 
@@ -104,4 +130,8 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     def fn(ids, start, window, capture, all_logits):
         return model.forward_static(ids, start, cache, window, capture, all_logits)
 
-    return Graphs(fn, model.device, cache.max_len, use_graphs)
+    graphs = Graphs(fn, model.device, cache.max_len, use_graphs)
+    track = getattr(model, "track_graphs", None)
+    if track is not None:  # the model clears them when it replaces tensors they captured (RoPE tables)
+        track(graphs)
+    return graphs

@@ -60,9 +60,16 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     return h, rms_norm(h, weight, eps)
 
 
+def _rope_kernel_fits(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """The Triton RoPE kernels load each half of a head at once: head_dim/2 must be a power of two."""
+    half = x.shape[-1] // 2
+    return (x.shape[-1] % 2 == 0 and half > 0 and half & (half - 1) == 0 and x.stride(-1) == 1
+            and cos.is_contiguous() and sin.is_contiguous())
+
+
 def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
     """Per-head RMSNorm of q [T, H, D] and k [T, KV, D], then RoPE at the rows' positions."""
-    if (kk := fast_kernels(q)) and q.dtype == q_weight.dtype and cos.is_contiguous() and sin.is_contiguous():
+    if (kk := fast_kernels(q)) and q.dtype == q_weight.dtype and k.stride(-1) == 1 and _rope_kernel_fits(q, cos, sin):
         return kk.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
     return apply_rope(rms_norm(q, q_weight, eps), cos, sin), apply_rope(rms_norm(k, k_weight, eps), cos, sin)
 
@@ -78,7 +85,7 @@ def rope_tables(head_dim: int, theta: float, max_positions: int, device) -> tupl
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, D]; cos/sin: [T, D] float32 rows for x's positions."""
-    if (k := fast_kernels(x)) and x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous():
+    if (k := fast_kernels(x)) and _rope_kernel_fits(x, cos, sin):
         return k.apply_rope(x, cos, sin)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -140,7 +147,7 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     if fast_kernels(q):
         from .kernels import attention as kernel
 
-        if kernel.supports(q, k):
+        if kernel.supports(q, k, v):
             return kernel.attention_window(q, k, v, limit, scale)
     visible = torch.arange(k.shape[0], device=k.device)[None, :] <= limit[:, None]
     return attention_masked(q, k, v, visible, scale)

@@ -113,7 +113,10 @@ class DFlashDrafter:
                                           self.dtype, self.device)
             self.cos, self.sin = ops.rope_tables(m.head_dim, m.rope_theta, rows, self.device)
             self.graphs = None
-        if path in ("graphs", "static") and getattr(self, "graphs", None) is None:
+        use = path == "graphs"
+        graphs = getattr(self, "graphs", None)
+        # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
+        if path in ("graphs", "static") and (graphs is None or graphs[0].requested != use):
             from ..engine.graphs import Graphs
 
             def fn(ids, start, window):
@@ -123,7 +126,6 @@ class DFlashDrafter:
             def absorb(hidden, start, window):
                 self._absorb(hidden, StaticSpan(self.cache, start, hidden.shape[0], window, self.cos, self.sin))
 
-            use = path == "graphs"
             self.graphs = (Graphs(fn, self.device, self.cache.max_len, use),
                            Graphs(absorb, self.device, self.cache.max_len, use))
         self.fast, self.fast_absorb = self.graphs if path in ("graphs", "static") else (None, None)

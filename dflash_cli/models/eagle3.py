@@ -166,10 +166,12 @@ class Eagle3Drafter:
             self.fused = torch.zeros(rows, c.hidden, dtype=self.dtype, device=self.device)
             self.cos, self.sin = ops.rope_tables(c.head_dim, c.rope_theta, rows, self.device)
             self.graphs = None
-        if path in ("graphs", "static") and self.graphs is None:
+        use = path == "graphs"
+        # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
+        if path in ("graphs", "static") and (self.graphs is None or self.graphs.requested != use):
             from ..engine.graphs import Graphs
 
-            self.graphs = Graphs(self._greedy_chain, self.device, self.cache.max_len, use_graphs=path == "graphs")
+            self.graphs = Graphs(self._greedy_chain, self.device, self.cache.max_len, use_graphs=use)
         self.fast = self.graphs if path in ("graphs", "static") else None
         self.rows = 0
         self.committed = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -43,6 +44,7 @@ class Qwen3Model:
         self.lm_head = self.embed if cfg.tie_word_embeddings else tensors.pop("lm_head.weight")
         self.scale = cfg.head_dim**-0.5
         self._rope_len = 0
+        self._graphs: weakref.WeakSet = weakref.WeakSet()  # sessions' target graphs (engine/graphs.py)
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
     @classmethod
@@ -63,6 +65,13 @@ class Qwen3Model:
         if length > self._rope_len:
             self.cos, self.sin = ops.rope_tables(self.cfg.head_dim, self.cfg.rope_theta, length, self.device)
             self._rope_len = length
+            # Graphs captured so far read the old tables in place (freed now): recapture on next use.
+            for graphs in list(self._graphs):
+                graphs.clear()
+
+    def track_graphs(self, graphs) -> None:
+        """Register a session's graphs over this model's forward, to be cleared when the RoPE tables grow."""
+        self._graphs.add(graphs)
 
     def new_cache(self, max_len: int) -> KVCache:
         self._ensure_rope(max_len)

@@ -81,10 +81,11 @@ def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, 
         tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
 
 
-def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     t, h, d = q.shape
     g = h // k.shape[1]
-    return t * g <= 64 and d in (64, 128, 256) and q.stride(-1) == 1 and k.stride(-1) == 1
+    return (t * g <= 64 and d in (64, 128, 256) and v.shape[-1] == d
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1)
 
 
 def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: torch.Tensor,

@@ -1,0 +1,78 @@
+"""Which shapes ops.py hands to the fused kernels (the rest fall back to the torch reference).
+
+The dispatch is checked on CPU with a stand-in kernel module; the kernels themselves are
+checked in test_kernels_interpret.py and on the GPU.
+"""
+
+import pytest
+import torch
+
+from dflash_cli.engine import ops
+
+
+class FakeKernels:
+    def __init__(self):
+        self.calls = []
+
+    def apply_rope(self, x, cos, sin):
+        self.calls.append("apply_rope")
+        return x
+
+    def qk_norm_rope(self, q, k, qw, kw, eps, cos, sin):
+        self.calls.append("qk_norm_rope")
+        return q, k
+
+    def rms_norm(self, x, w, eps):  # the fallback's norm: not under test, the reference
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    kernels = FakeKernels()
+    monkeypatch.setattr(ops, "fast_kernels", lambda x: kernels)
+    return kernels
+
+
+@pytest.mark.parametrize("d,fused", [(16, True), (128, True), (24, False), (80, False), (96, False)])
+def test_rope_kernels_need_a_power_of_two_half_head(fake, d, fused):
+    """tl.arange(0, head_dim // 2) needs a power of two: head_dim 80 or 96 goes to torch."""
+    cos, sin = ops.rope_tables(d, 10000.0, 8, "cpu")
+    c, s = cos[2:5].contiguous(), sin[2:5].contiguous()
+    q, k = torch.randn(3, 4, d), torch.randn(3, 2, d)
+    w = torch.ones(d)
+    out = ops.apply_rope(q, c, s)
+    qo, ko = ops.qk_norm_rope(q, k, w, w, 1e-6, c, s)
+    assert fake.calls == (["apply_rope", "qk_norm_rope"] if fused else [])
+    if not fused:
+        ref_q = ops.apply_rope(fake.rms_norm(q, w, 1e-6), c, s)
+        assert out.shape == q.shape and torch.allclose(qo, ref_q) and ko.shape == k.shape
+
+
+def test_qk_norm_rope_needs_unit_stride_keys(fake):
+    cos, sin = ops.rope_tables(16, 10000.0, 4, "cpu")
+    q, w = torch.randn(3, 4, 16), torch.ones(16)
+    k = torch.randn(3, 2, 32)[..., ::2]  # last-dim stride 2
+    ops.qk_norm_rope(q, k, w, w, 1e-6, cos[:3].contiguous(), sin[:3].contiguous())
+    assert "qk_norm_rope" not in fake.calls  # the unfused path (its normed q/k are contiguous again)
+
+
+def test_window_attention_kernel_needs_unit_stride_values(monkeypatch):
+    pytest.importorskip("triton")
+    from dflash_cli.engine.kernels import attention as kernel
+
+    q, k = torch.randn(1, 4, 64), torch.randn(300, 2, 64)
+    v = torch.randn(300, 2, 64)
+    assert kernel.supports(q, k, v)
+    strided = torch.randn(300, 2, 128)[..., ::2]
+    assert not kernel.supports(q, k, strided)
+
+    def refuse(*a, **kw):
+        raise AssertionError("the kernel was given a strided v")
+
+    monkeypatch.setattr(ops, "fast_kernels", lambda x: object())
+    monkeypatch.setattr(kernel, "attention_window", refuse)
+    limit = torch.tensor([200])
+    got = ops.attention_window(q, k, strided, limit, 0.125)
+    vis = torch.arange(300)[None, :] <= limit[:, None]
+    assert torch.allclose(got, ops.attention_masked(q, k, strided.contiguous(), vis, 0.125), atol=1e-6)
