@@ -12,6 +12,7 @@ from . import hub
 from .errors import DflashError
 
 PACKAGED = Path(__file__).with_name("models.toml")
+PACKAGE_PREFIX = "pkg:"  # a folder shipped inside the package (the embedded demo)
 DRAFT_KINDS = ("dflash", "eagle3")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -22,6 +23,11 @@ class Source:
 
     ref: str
     revision: str | None = None
+    label: str | None = None  # how listings name it (a `pkg:` path rather than where the package lives)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.ref
 
     @property
     def is_local(self) -> bool:
@@ -105,6 +111,8 @@ def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
 
     def src(ref: str, revision=None) -> Source:
         # Relative local paths in the registry are relative to the registry file.
+        if ref.startswith(PACKAGE_PREFIX):
+            return Source(str(Path(__file__).parent / ref[len(PACKAGE_PREFIX) :]), label=ref)
         if ref.startswith((".", "/")):
             ref = str((base / ref).resolve())
         return Source(ref, revision)

@@ -200,10 +200,11 @@ def test_models_lists_the_registry(cli, empty_hub_cache):
     res = cli("models")
     assert res.code == 0, res.err
     rows = [line for line in res.out.splitlines() if line.startswith("│")]
-    assert any("qwen3-4b (default)" in r and "Qwen/Qwen3-4B" in r for r in rows)
+    assert any("demo (default)" in r and "pkg:demo/target" in r and "✓" in r for r in rows)  # shipped inside
+    assert any("qwen3-4b" in r and "Qwen/Qwen3-4B" in r for r in rows)
     assert any("qwen3-8b" in r and "Qwen/Qwen3-8B" in r for r in rows)
     assert "z-lab/Qwen3-4B-DFlash-b16" in res.out and "AngelSlim/Qwen3-4B_eagle3" in res.out
-    assert "✓" not in res.out  # nothing is downloaded in an empty cache
+    assert all("✓" not in r for r in rows if "demo" not in r and "pkg:" not in r)  # nothing from the Hub
 
 
 def test_empty_prompt_with_nothing_pending_is_a_clear_error(tiny_model):

@@ -64,7 +64,7 @@ def assert_one_line_error(res, *needles):
 def test_packaged_registry_has_the_qwen3_entries():
     reg = Registry.load()
     assert reg.path == PACKAGED and PACKAGED.is_file()
-    assert reg.default == "qwen3-4b"
+    assert reg.default == "demo"
     for size in ("4b", "8b"):
         e = reg.entries[f"qwen3-{size}"]
         assert e.target.ref == f"Qwen/Qwen3-{size.upper()}"
@@ -175,8 +175,10 @@ def test_hub_cache_is_found_offline(tmp_path, monkeypatch, hub_cache, tiny_model
 
 
 def test_pull_offline_is_one_error_line(cli):
-    res = cli("pull")
+    res = cli("pull", "qwen3-4b")
     assert_one_line_error(res, "Qwen/Qwen3-4B", "HF_HUB_OFFLINE")
+    demo = cli("pull")  # the default is the embedded demo: nothing to download
+    assert demo.code == 0 and demo.out.count("local folder") == 3
     assert_one_line_error(cli("pull", "Org/Model"), "Org/Model")
 
 

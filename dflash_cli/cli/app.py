@@ -133,6 +133,21 @@ def bench(
               _console(min_width=160))
 
 
+@app.command()
+def train(
+    out: Path = typer.Argument(Path("dflash-demo"), help="Output folder (rerun to resume)."),
+    preset: str = typer.Option("demo", "--preset", help="demo (what ships, wants a GPU) or tiny (seconds on a CPU)."),
+    data: list[Path] = typer.Option([], "--data", help="Folders of Python source (default: this Python's standard library)."),
+    device: Optional[str] = DEVICE,
+    seed: int = typer.Option(0, "--seed"),
+    stages: Optional[str] = typer.Option(None, "--stages", help="Comma-separated subset of: tokenizer,target,distill,dflash,eagle3,evaluate."),
+):
+    """Train the demo pair: a tokenizer, a small Qwen3 target on Python source, and its DFlash and EAGLE-3 drafters."""
+    from ..commands.train import TrainOptions, run_train
+
+    run_train(TrainOptions(out, preset, list(data), device, seed, stages), _console())
+
+
 def main() -> None:
     """Entry point: user-facing errors become one line on stderr and exit 1; Ctrl-C exits 130."""
     try:

@@ -28,9 +28,9 @@ def list_models(console: Console) -> None:
     for col in ("name", "target", "downloaded", "drafters"):
         table.add_column(col)
     for name, e in reg.entries.items():
-        drafters = ", ".join(f"{kind}: {src.ref} [{_status(src)}]" for kind, src in e.drafters.items()) or "—"
+        drafters = ", ".join(f"{kind}: {src.name} [{_status(src)}]" for kind, src in e.drafters.items()) or "—"
         label = name + (" (default)" if name == reg.default else "")
-        table.add_row(label, e.target.ref, _status(e.target), drafters)
+        table.add_row(label, e.target.name, _status(e.target), drafters)
     console.print(table)
 
 

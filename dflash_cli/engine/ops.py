@@ -32,6 +32,12 @@ def fast_kernels(x: torch.Tensor):
     return _kernels or None
 
 
+def use_fast_kernels(enabled: bool) -> None:
+    """Training turns the fused Triton kernels off: they have no backward."""
+    global _kernels
+    _kernels = None if enabled else False
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if (k := fast_kernels(x)) and x.dtype == weight.dtype:
         return k.rms_norm(x, weight, eps)

@@ -124,7 +124,7 @@ class DFlashDrafter:
                 return self._block_logits(ids, span)
 
             def absorb(hidden, start, window):
-                self._absorb(hidden, StaticSpan(self.cache, start, hidden.shape[0], window, self.cos, self.sin))
+                self.context_rows(hidden, StaticSpan(self.cache, start, hidden.shape[0], window, self.cos, self.sin))
 
             self.graphs = (Graphs(fn, self.device, self.cache.max_len, use),
                            Graphs(absorb, self.device, self.cache.max_len, use))
@@ -142,10 +142,11 @@ class DFlashDrafter:
         if self.fast_absorb is not None and n <= self.block_size:  # per-step commits; prompts run eagerly
             self.fast_absorb(hidden, start)
         else:
-            self._absorb(hidden, Span(self.cache, start, n, self.cos, self.sin))
+            self.context_rows(hidden, Span(self.cache, start, n, self.cos, self.sin))
         self.ctx_len = start + n
 
-    def _absorb(self, hidden: torch.Tensor, span) -> None:
+    def context_rows(self, hidden: torch.Tensor, span) -> None:
+        """Project target states into each layer's context keys/values and write them through `span`."""
         m = self.cfg
         ctx = ops.rms_norm(ops.linear(hidden, self.fc), self.hidden_norm, m.rms_norm_eps)
         for i, layer in enumerate(self.layers):
@@ -161,6 +162,11 @@ class DFlashDrafter:
         return self._block_logits(ids, Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False))
 
     def _block_logits(self, block: torch.Tensor, span) -> torch.Tensor:
+        # Row 0 holds the last committed token: only the mask rows after it are drafts.
+        return self.head_logits(self.block_states(block, span)[1:])
+
+    def block_states(self, block: torch.Tensor, span) -> torch.Tensor:
+        """The layers over the block rows (pre-norm outputs); training runs many blocks at once."""
         # The block's keys/values land in the cache after the context; absorb overwrites them later.
         m, c = self.cfg, self.c
         h = self.target.embed[block]
@@ -171,7 +177,11 @@ class DFlashDrafter:
             q, k, v = project_qkv_rope(layer, x, m, span.cos, span.sin)
             h = h + ops.linear(span.attend(i, q, k, v, self.scale), layer.o)
             h = mlp_block(layer, h, m.rms_norm_eps)
-        h = ops.rms_norm(h[1:], self.norm, m.rms_norm_eps)
+        return h
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        m, c = self.cfg, self.c
+        h = ops.rms_norm(h, self.norm, m.rms_norm_eps)
         logits = ops.linear(h, self.target.lm_head).float() * c.output_multiplier
         if c.softcap:
             logits = torch.tanh(logits / c.softcap) * c.softcap

@@ -1,0 +1,79 @@
+"""The embedded demo pair: registered as `demo`, loads offline through the real loaders, runs
+speculative decoding on CPU with its statistics, and is in the published layouts (transformers
+and z-lab's reference load it and agree with us)."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from dflash_cli.engine.generation import Request, generate
+from dflash_cli.engine.proposers.dflash import DFlashProposer
+from dflash_cli.engine.sampling import SamplingParams
+from dflash_cli.engine.session import Session
+from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.loading.tokenizer import ChatTokenizer
+from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.qwen3 import Qwen3Model
+from dflash_cli.registry import Registry
+
+DEMO = Registry.load().entries["demo"]
+TARGET, DFLASH, EAGLE3 = DEMO.target.path(), DEMO.drafters["dflash"].path(), DEMO.drafters["eagle3"].path()
+
+
+def test_demo_is_the_default_entry_and_fits_the_budget():
+    reg = Registry.load()
+    assert reg.default == "demo"
+    size = sum(f.stat().st_size for d in (TARGET, DFLASH, EAGLE3) for f in d.iterdir())
+    assert size <= 25 * 2**20
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (TARGET / f).is_file()
+
+
+@pytest.mark.parametrize("draft", ["dflash", "eagle3"])
+def test_generate_demo_offline_with_speculation(cli, monkeypatch, draft):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = cli("generate", "--model", "demo", "--prompt", "def fibonacci(n):", "--draft", draft, "--max-tokens", "48",
+            "--json")
+    assert r.code == 0, r.err
+    res = json.loads(r.out)
+    plain = json.loads(cli("generate", "--model", "demo", "--prompt", "def fibonacci(n):", "--draft", "none",
+                           "--max-tokens", "48", "--json").out)
+    assert res["tokens"] == plain["tokens"]  # greedy by the registry's default: lossless
+    assert res["stats"]["draft_kind"] == draft and res["stats"]["mean_accepted"] > 1.0
+    assert res["text"].strip()
+
+
+def test_generate_demo_streams_with_the_live_footer(cli):
+    r = cli("generate", "--prompt", "import os\n", "--max-tokens", "24")
+    assert r.code == 0, r.err
+    assert r.out.strip()
+
+
+def test_transformers_runs_the_demo_target_like_us():
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.Qwen3ForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    ours = Qwen3Model.load(TARGET)
+    ids = torch.tensor(ChatTokenizer(TARGET).encode("def fibonacci(n):\n    if n < 2:\n"))
+    with torch.no_grad():
+        expected = ref(ids[None]).logits[0]
+    got = ours.forward(ids, 0, ours.new_cache(64), all_logits=True).logits
+    assert ((got - expected).abs().max() / expected.abs().max()).item() < 1e-4
+
+
+def test_zlab_reference_loads_the_demo_and_accepts_what_we_accept(monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    zlab = pytest.importorskip("dflash.model")
+    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)  # the reference times with CUDA syncs
+    ref_t = transformers.Qwen3ForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    ref_d = zlab.DFlashDraftModel.from_pretrained(DFLASH, dtype=torch.float32).eval()
+    prompt = torch.tensor(ChatTokenizer(TARGET).encode("class Stack:\n    def __init__(self):\n"))
+    ref = zlab.dflash_generate(ref_d, ref_t, prompt[None], 48, stop_token_ids=None, return_stats=True)
+    ours_t = Qwen3Model.load(TARGET)
+    session = Session(ours_t, max_len=prompt.shape[0] + 48 + 1)
+    res = generate(session, SpeculativeDecoder(DFlashProposer(DFlashDrafter.load(DFLASH, ours_t))),
+                   Request(prompt.tolist(), SamplingParams(), max_tokens=48))
+    assert res.tokens == ref.output_ids[0, prompt.shape[0]:].tolist()
+    assert [len(s.emitted) for s in res.steps] == ref.acceptance_lengths
+    assert max(ref.acceptance_lengths) > 1  # the drafter predicts its target

@@ -1,0 +1,153 @@
+"""The demo training code: its batched training forwards compute exactly what the engine runs at
+inference (so the objectives train the real thing), and the pipeline is deterministic, resumable
+and writes checkpoints the loaders (ours and the references) accept."""
+
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_cli.engine.spans import Span
+from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.eagle3 import Eagle3Drafter
+from dflash_cli.models.qwen3 import Qwen3Model
+from dflash_cli.training import dflash as dflash_stage
+from dflash_cli.training import eagle3 as eagle3_stage
+from dflash_cli.training import pipeline, presets
+from dflash_cli.training import target as target_stage
+from dflash_cli.training.spans import CausalBatch
+from tiny import make_dflash, make_eagle3, make_qwen3
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def rel_err(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train-forward")
+    tdir = make_qwen3(root / "t", seed=3, num_hidden_layers=5)
+    cfg = json.loads((tdir / "config.json").read_text())
+    target = Qwen3Model.load(tdir)
+    dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, block_size=5, target_layer_ids=[1, 3]), target)
+    eagle = Eagle3Drafter.load(make_eagle3(root / "e", cfg, draft_vocab=384), target)
+    return target, dflash, eagle
+
+
+def test_batched_target_forward_equals_engine_forward(models):
+    target = models[0]
+    seqs = torch.randint(0, 300, (3, 17), generator=torch.Generator().manual_seed(0))
+    out = target.run(seqs.reshape(-1), CausalBatch(3, 17, target.cos, target.sin), (2,), True)
+    for i in range(3):
+        ref = target.forward(seqs[i], 0, target.new_cache(32), capture=(2,), all_logits=True)
+        assert rel_err(out.logits.reshape(3, 17, -1)[i], ref.logits) < 1e-5
+        assert rel_err(out.hidden.reshape(3, 17, -1)[i], ref.hidden) < 1e-5
+
+
+def test_dflash_training_blocks_equal_inference_drafts(models):
+    target, drafter = models[0], models[1]
+    size = drafter.block_size
+    seqs = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(1))
+    anchors = torch.tensor([[0, 7, 15], [3, 9, 11]])
+    drafter.reset(64)
+    logits = dflash_stage.block_logits(drafter, seqs, anchors)
+    for i in range(2):
+        hidden = target.forward(seqs[i], 0, target.new_cache(32), capture=drafter.capture).hidden
+        for j, a in enumerate(anchors[i].tolist()):
+            drafter.reset(64)
+            if a:
+                drafter.absorb(hidden[:a], 0)
+            ref = drafter.draft_logits(int(seqs[i, a]), size - 1)
+            assert rel_err(logits[i, j], ref) < 1e-5
+
+
+def test_eagle3_training_time_test_equals_inference_chain(models):
+    target, drafter = models[0], models[2]
+    steps = 4
+    seqs = torch.randint(0, 300, (2, 22), generator=torch.Generator().manual_seed(2))
+    drafter.reset(64)
+    per_step = list(eagle3_stage.step_logits(drafter, seqs, steps))
+    for i in range(2):
+        hidden = target.forward(seqs[i], 0, target.new_cache(32), capture=drafter.capture).hidden
+        for c in (1, 6, 15):  # committed target positions; the chain starts from token c
+            drafter.reset(64)
+            drafter.absorb(hidden[:c], 0, seqs[i, :c].tolist())
+            pos, state = drafter.first_state()
+            for j in range(steps):
+                # Forced to the sequence's tokens, as when every earlier draft was accepted.
+                logits, state = drafter.chain_step(pos + j, state, int(seqs[i, c + j]))
+                assert rel_err(per_step[j][i, c - 1 + j], logits) < 1e-5, (i, c, j)
+
+
+def small_corpus(tmp: Path) -> Path:
+    """A few stdlib packages copied aside: the tests' training data."""
+    root = tmp / "data"
+    for pkg in ("json", "email"):
+        shutil.copytree(STDLIB / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def run_tiny(out: Path, data: Path, report=lambda *a: None):
+    preset = presets.TINY
+    return pipeline.train_demo(out, preset, [data], torch.device("cpu"), 0, report, lambda msg: None)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train-pipeline")
+    data = small_corpus(tmp)
+    info = run_tiny(tmp / "a", data)
+    return tmp, data, info
+
+
+def test_pipeline_writes_published_layouts_that_load(trained):
+    tmp, _, info = trained
+    out = tmp / "a"
+    for d in ("target", "dflash", "eagle3"):
+        assert (out / d / "config.json").is_file() and (out / d / "model.safetensors").is_file()
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (out / "target" / f).is_file()
+    target = Qwen3Model.load(out / "target")
+    DFlashDrafter.load(out / "dflash", target)
+    Eagle3Drafter.load(out / "eagle3", target)
+    modes = info["evaluation"]["modes"]
+    assert modes["dflash"]["lossless"] and modes["eagle3"]["lossless"]
+    assert json.loads((out / "training_info.json").read_text())["data"]["files"] > 10
+
+
+def test_pipeline_is_deterministic_and_resumes_exactly(trained):
+    tmp, data, _ = trained
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_step_4(stage, step, total, metrics):
+        if stage == "target" and step == 4:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_tiny(tmp / "b", data, report=stop_at_step_4)
+    assert not (tmp / "b" / "target" / "model.safetensors").exists()
+    run_tiny(tmp / "b", data)  # resumes the target from its checkpoint, then the other stages
+    for d in ("target", "dflash", "eagle3"):
+        a = (tmp / "a" / d / "model.safetensors").read_bytes()
+        b = (tmp / "b" / d / "model.safetensors").read_bytes()
+        assert a == b, d
+
+
+def test_reference_implementations_load_the_trained_checkpoints(trained):
+    transformers = pytest.importorskip("transformers")
+    zlab = pytest.importorskip("dflash.model")
+    out = trained[0] / "a"
+    ours = Qwen3Model.load(out / "target")
+    ref = transformers.Qwen3ForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
+    ids = torch.randint(0, 300, (12,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref_logits = ref(ids[None]).logits[0]
+    assert rel_err(ours.forward(ids, 0, ours.new_cache(16), all_logits=True).logits, ref_logits) < 1e-4
+    zlab.DFlashDraftModel.from_pretrained(out / "dflash", dtype=torch.float32)
