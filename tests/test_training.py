@@ -151,3 +151,16 @@ def test_reference_implementations_load_the_trained_checkpoints(trained):
         ref_logits = ref(ids[None]).logits[0]
     assert rel_err(ours.forward(ids, 0, ours.new_cache(16), all_logits=True).logits, ref_logits) < 1e-4
     zlab.DFlashDraftModel.from_pretrained(out / "dflash", dtype=torch.float32)
+
+
+def test_cli_train_refuses_another_preset_or_seed_in_a_started_folder(cli, tmp_path):
+    data = small_corpus(tmp_path)
+    out = tmp_path / "run"
+    first = cli("train", out, "--preset", "tiny", "--data", data, "--stages", "tokenizer", "--device", "cpu")
+    assert first.code == 0, first.err
+    assert "nothing yet" in first.out and (out / "target" / "tokenizer.json").is_file()
+    for flags in (["--preset", "demo"], ["--preset", "tiny", "--seed", "1"]):
+        res = cli("train", out, *flags, "--data", data, "--device", "cpu")
+        assert res.code == 1 and res.err.count("\n") == 1 and "resume it with the same" in res.err, res.err
+    bad = cli("train", out, "--preset", "tiny", "--data", data, "--stages", "tokenizer,bogus")
+    assert bad.code == 1 and "unknown stage(s) bogus" in bad.err

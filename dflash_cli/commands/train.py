@@ -47,6 +47,8 @@ def run_train(o: TrainOptions, console: Console) -> dict:
                 progress.console.print(f"{stage} {step}/{total} {shown} ({time.perf_counter() - t0:.0f} s)")  # a log file gets a readout too
 
         info = pipeline.train_demo(o.out, preset, roots, device, o.seed, report, progress.console.print, stages)
-    console.print(f"wrote {o.out}/target, {o.out}/dflash, {o.out}/eagle3 — try: dflash generate --model {o.out}/target "
-                  f"--draft {o.out}/dflash --prompt \"def fibonacci(n):\"")
+    made = [str(o.out / d) for d in ("target", "dflash", "eagle3") if (o.out / d / "model.safetensors").is_file()]
+    console.print(f"trained: {', '.join(made) or 'nothing yet (only the tokenizer)'}")
+    if (o.out / "dflash" / "model.safetensors").is_file():
+        console.print(f"try: dflash generate --model {o.out}/target --draft {o.out}/dflash --prompt \"def fibonacci(n):\"")
     return info

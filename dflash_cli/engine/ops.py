@@ -8,6 +8,7 @@ the model code.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +33,15 @@ def fast_kernels(x: torch.Tensor):
     return _kernels or None
 
 
-def use_fast_kernels(enabled: bool) -> None:
-    """Training turns the fused Triton kernels off: they have no backward."""
+@contextmanager
+def reference_only():
+    """The torch reference path for everything inside (training: the Triton kernels have no backward)."""
     global _kernels
-    _kernels = None if enabled else False
+    saved, _kernels = _kernels, False
+    try:
+        yield
+    finally:
+        _kernels = saved
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

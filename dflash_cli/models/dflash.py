@@ -114,9 +114,8 @@ class DFlashDrafter:
             self.cos, self.sin = ops.rope_tables(m.head_dim, m.rope_theta, rows, self.device)
             self.graphs = None
         use = path == "graphs"
-        graphs = getattr(self, "graphs", None)
         # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
-        if path in ("graphs", "static") and (graphs is None or graphs[0].requested != use):
+        if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
             from ..engine.graphs import Graphs
 
             def fn(ids, start, window):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..models.qwen3 import Qwen3Model
-from .spans import _sdpa
+from .spans import grouped_sdpa
 
 
 class CachedBatch:
@@ -24,7 +24,7 @@ class CachedBatch:
         ks[:, self.start : end] = k.reshape(self.b, self.rows, *k.shape[1:])
         vs[:, self.start : end] = v.reshape(self.b, self.rows, *v.shape[1:])
         causal = self.rows > 1  # a prompt from position 0; single rows see everything before them
-        return _sdpa(q, ks[:, :end], vs[:, :end], self.b, causal=causal, scale=scale)
+        return grouped_sdpa(q, ks[:, :end], vs[:, :end], self.b, causal=causal, scale=scale)
 
 
 @torch.no_grad()

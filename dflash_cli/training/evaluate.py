@@ -12,9 +12,9 @@ from ..engine.generation import PlainDecoder, Request, generate
 from ..engine.sampling import SamplingParams
 from ..engine.session import Session
 from ..engine.speculative import SpeculativeDecoder
-from ..models.qwen3 import Qwen3Model
-from .corpus import SEPARATOR
 from .presets import Preset
+
+EVAL_PROMPT = 64  # tokens of held-out text each evaluation prompt holds
 
 
 def held_out_prompts(held: torch.Tensor, n: int, length: int) -> list[list[int]]:
@@ -23,13 +23,11 @@ def held_out_prompts(held: torch.Tensor, n: int, length: int) -> list[list[int]]
     return [held[i * step : i * step + length].tolist() for i in range(n)]
 
 
-def evaluate(out: Path, held: torch.Tensor, p: Preset, device, note) -> dict:
+def evaluate(out: Path, target, eos: int, held: torch.Tensor, p: Preset, note) -> dict:
+    """`target`: the model as loaded from out/target; drafters are loaded from out/dflash, out/eagle3."""
     from ..drafters import LOADERS
-    from tokenizers import Tokenizer
 
-    target = Qwen3Model.load(out / "target", device=device, dtype=torch.float32)
-    eos = Tokenizer.from_file(str(out / "target" / "tokenizer.json")).token_to_id(SEPARATOR)
-    prompts = held_out_prompts(held, p.eval_prompts, 64)
+    prompts = held_out_prompts(held, p.eval_prompts, EVAL_PROMPT)
     params = SamplingParams(temperature=0.0)
     results = {}
     plain = _run(target, PlainDecoder(), prompts, params, p, eos)
@@ -42,14 +40,14 @@ def evaluate(out: Path, held: torch.Tensor, p: Preset, device, note) -> dict:
         r["lossless"] = r.pop("tokens") == plain["tokens"]
         results[kind] = r
         note(f"{kind}: mean accepted length {r['mean_accepted']:.2f} on {len(prompts)} held-out prompts, "
-             f"{r['tok_per_s']:.0f} tok/s vs plain {plain['tok_per_s']:.0f} ({_device(device)}), "
+             f"{r['tok_per_s']:.0f} tok/s vs plain {plain['tok_per_s']:.0f} ({device_name(target.device)}), "
              f"greedy output {'identical to' if r['lossless'] else 'DIFFERENT from'} plain")
     results["none"].pop("tokens")
     return {"prompts": len(prompts), "max_tokens": p.eval_tokens, "modes": results}
 
 
 def _run(target, decoder, prompts, params, p: Preset, eos: int) -> dict:
-    session = Session(target, min(p.context, 64 + p.eval_tokens + 32))
+    session = Session(target, min(p.context, EVAL_PROMPT + p.eval_tokens + 32))
     tokens, steps, committed, seconds = [], 0, 0, 0.0
     for ids in prompts:
         session.reset()  # the speculative decoder resets its drafter on a fresh session
@@ -64,5 +62,5 @@ def _run(target, decoder, prompts, params, p: Preset, eos: int) -> dict:
             "mean_accepted": round(committed / max(steps, 1), 3)}
 
 
-def _device(device) -> str:
+def device_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -22,6 +22,11 @@ def batch_generator(seed: int, stage: str, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(stage.encode()) * 7919 + step)
 
 
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA (parameters stay float32); full precision elsewhere."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
 def lr_at(step: int, steps: int, peak: float) -> float:
     warm = max(1, steps // 20)
     if step < warm:
@@ -48,7 +53,7 @@ def optimise(stage: str, params: list[torch.nn.Parameter], loss_fn: Callable[[to
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
     log_every = 1 if steps <= 100 else 10
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    amp = autocast(device)
     for step in range(start, steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr)

@@ -19,7 +19,8 @@ from . import bpe, corpus, distill, presets
 from . import dflash as dflash_stage
 from . import eagle3 as eagle3_stage
 from . import target as target_stage
-from .loop import Report, batch_generator, optimise
+from .evaluate import device_name, evaluate
+from .loop import Report, autocast, batch_generator, optimise
 from .params import target_tensors
 
 STAGES = ("tokenizer", "target", "distill", "dflash", "eagle3", "evaluate")
@@ -29,15 +30,25 @@ Note = Callable[[str], None]
 def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: torch.device, seed: int,
                report: Report, note: Note, stages=STAGES) -> dict:
     out = Path(out)
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise DflashError(f"unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)})")
-    ops.use_fast_kernels(False)  # the fused Triton kernels have no backward
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    with ops.reference_only():  # the fused Triton kernels have no backward
+        return _train(out, work, preset, roots, device, seed, report, note, stages)
+
+
+def _train(out: Path, work: Path, preset: presets.Preset, roots, device, seed: int, report: Report, note: Note,
+           stages) -> dict:
     torch.manual_seed(seed)
     info = _read_info(out)
+    earlier = (info.get("preset", {}).get("name"), info.get("seed"))
+    if earlier[0] is not None and earlier != (preset.name, seed):
+        raise DflashError(f"{out} holds a run with preset {earlier[0]} and seed {earlier[1]}: resume it with the same "
+                          f"--preset and --seed, or train into a new folder")
     info.update({"preset": preset.summary(), "seed": seed})
+    _write_info(out, info)  # now, so that a cut-short run is resumed only with its own settings
     tdir, ddir, edir = out / "target", out / "dflash", out / "eagle3"
 
     t0 = time.perf_counter()
@@ -69,6 +80,8 @@ def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: tor
             preset.target_steps, preset.target_lr, work, seed, device, report, preset.save_every)
         target_stage.export(model, preset, eos, tdir)
         del model, params
+    if not set(stages) - {"tokenizer", "target"} and not (tdir / "model.safetensors").is_file():
+        return info  # nothing after the stages asked for needs the target
     target = _load_target(tdir, device)
     info["target_parameters"] = sum(t.numel() for t in target_tensors(target).values())
 
@@ -106,14 +119,16 @@ def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: tor
         del drafter, params
 
     if "evaluate" in stages:
-        from .evaluate import evaluate
-
-        info["evaluation"] = evaluate(out, held_ids, preset, device, note)
+        info["evaluation"] = evaluate(out, target, eos, held_ids, preset, note)
         info["evaluation"]["held_out_loss"] = target_stage.held_out_loss(target, held_ids, min(512, preset.context))
         note(f"target held-out loss {info['evaluation']['held_out_loss']:.3f} nats/token")
-    info["versions"] = {"torch": torch.__version__, "device": _device_name(device)}
-    (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    info["versions"] = {"torch": torch.__version__, "device": device_name(device)}
+    _write_info(out, info)
     return info
+
+
+def _write_info(out: Path, info: dict) -> None:
+    (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 def _rows(seqs: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -146,19 +161,9 @@ def _distill(target, train_ids: torch.Tensor, p: presets.Preset, seed: int, devi
         n = min(p.distill_batch, p.distill_sequences - i)
         prompts = target_stage.windows(train_ids, n, p.distill_prompt, g)
         sampled = torch.rand(n, generator=g) < p.sampled_fraction
-        with _amp(device):
+        with autocast(device):
             out.append(distill.continue_prompts(target, prompts, p.distill_length, sampled, g))
     return torch.cat(out)
-
-
-def _amp(device):
-    from contextlib import nullcontext
-
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-
-
-def _device_name(device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _read_info(out: Path) -> dict:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 
-def _sdpa(q, keys, values, b: int, mask=None, causal=False, scale=None) -> torch.Tensor:
+def grouped_sdpa(q, keys, values, b: int, mask=None, causal=False, scale=None) -> torch.Tensor:
     """q [b*T, H, D], keys/values [b, S, KV, D] -> [b*T, H*D], grouped heads expanded."""
     h, d = q.shape[1], q.shape[2]
     q = q.reshape(b, -1, h, d).transpose(1, 2)
@@ -29,7 +29,7 @@ class CausalBatch:
 
     def attend(self, layer: int, q, k, v, scale: float) -> torch.Tensor:
         shape = (self.b, self.t) + k.shape[1:]
-        return _sdpa(q, k.reshape(shape), v.reshape(shape), self.b, causal=True, scale=scale)
+        return grouped_sdpa(q, k.reshape(shape), v.reshape(shape), self.b, causal=True, scale=scale)
 
 
 class _Rows:
@@ -54,7 +54,6 @@ class DFlashBlocks:
         self.b, self.t, self.rows = b, t, n * size
         self.context: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         pos = (anchors[:, :, None] + torch.arange(size, device=dev)).reshape(b, -1)  # [b, n*size]
-        self.positions = pos
         self.ctx = _Rows(cos[:t].repeat(b, 1), sin[:t].repeat(b, 1), self)
         self.block = _Rows(cos[pos.reshape(-1)], sin[pos.reshape(-1)], self)
         anchor_of_row = anchors.repeat_interleave(size, dim=1)  # [b, n*size]
@@ -68,7 +67,7 @@ class DFlashBlocks:
         b = self.b
         keys = torch.cat([ck.reshape(b, self.t, *ck.shape[1:]), k.reshape(b, self.rows, *k.shape[1:])], dim=1)
         values = torch.cat([cv.reshape(b, self.t, *cv.shape[1:]), v.reshape(b, self.rows, *v.shape[1:])], dim=1)
-        return _sdpa(q, keys, values, b, mask=self.mask, scale=scale)
+        return grouped_sdpa(q, keys, values, b, mask=self.mask, scale=scale)
 
 
 class Eagle3Steps:
@@ -92,4 +91,4 @@ class Eagle3Steps:
         mask = [kp <= p - j] + [kp == p - j + s for s in range(1, j + 1)]
         keys = torch.cat([s[0] for s in self.steps], dim=1)
         values = torch.cat([s[1] for s in self.steps], dim=1)
-        return _sdpa(q, keys, values, b, mask=torch.cat(mask, dim=1), scale=scale)
+        return grouped_sdpa(q, keys, values, b, mask=torch.cat(mask, dim=1), scale=scale)
