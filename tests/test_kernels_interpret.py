@@ -38,6 +38,14 @@ CHECK = textwrap.dedent("""
         got_q, got_k = k.qk_norm_rope(q, kk4, wq, wk, 1e-6, c, s)
         assert rel(got_q, ops.apply_rope(ops.rms_norm(q, wq, 1e-6), c, s)) <= tol
         assert rel(got_k, ops.apply_rope(ops.rms_norm(kk4, wk, 1e-6), c, s)) <= tol
+        vv4 = qkv[:, 96:].reshape(3, 2, 16)
+        kc, vc = torch.zeros(12, 2, 16).to(dt), torch.zeros(12, 2, 16).to(dt)
+        kc_ref, vc_ref = kc.clone(), vc.clone()
+        pos = torch.tensor([5, 6, 7])
+        got_q2 = k.qk_norm_rope_write(q, kk4, vv4, wq, wk, 1e-6, c, s, kc, vc, pos)
+        ref_q2 = ops.qk_norm_rope_write(q, kk4, vv4, wq, wk, 1e-6, c, s, kc_ref, vc_ref, pos)
+        assert rel(got_q2, ref_q2) <= tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref)
+        assert kc[:5].abs().sum() == 0 and kc[8:].abs().sum() == 0  # only the span's rows are written
         hh, delta = torch.randn(3, 96).to(dt), torch.randn(3, 96).to(dt)
         h2, x2 = k.add_rms_norm(hh, delta, w, 1e-6)
         assert rel(h2, hh + delta) <= tol and rel(x2, ops.rms_norm(hh + delta, w, 1e-6)) <= tol

@@ -54,7 +54,42 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if bias is None and (gemm := fast_gemm(x, weight)) is not None:
+        return gemm(x, weight)
     return F.linear(x, weight, bias)
+
+
+_GEMM = os.environ.get("DFLASH_GEMM", "auto")  # auto | cublas | triton (comparisons)
+# Rows up to which auto uses the CUDA kernel: at 16 rows cuBLAS's tensor-core GEMMs are faster (H100:
+# verify 4.83 ms with cuBLAS vs 5.42 with the CUDA kernel, benchmarks/2026-11-22-h100/pdl_*).
+_GEMM_MAX_M = int(os.environ.get("DFLASH_GEMM_MAX_M", "1"))
+_cuda_gemm = None  # csrc/skinny_gemm.cu once built, False where unavailable
+VOCAB_ROWS = 32768  # weights this tall are vocabulary heads
+
+
+def fast_gemm(x: torch.Tensor, w: torch.Tensor):
+    """The skinny GEMM for bf16 CUDA rows (M <= 16) where one measured faster than cuBLAS, else None.
+
+    H100, in CUDA graphs (benchmarks/gemm_bench.py): the Triton kernel streams the vocabulary head at
+    ~3.0 TB/s against cuBLAS's 2.5; the CUDA kernel (csrc/) prefetches its weights across kernel
+    boundaries (programmatic dependent launch), which cuBLAS cannot, on the per-layer matrices."""
+    global _cuda_gemm
+    if (_GEMM == "cublas" or not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[0] > 16
+            or w.dtype != x.dtype or _kernels is False or not (x.is_contiguous() and w.is_contiguous())):
+        return None
+    if _GEMM == "triton" or w.shape[0] >= VOCAB_ROWS:
+        from .kernels.skinny_gemm import skinny_linear
+
+        return skinny_linear
+    if x.shape[0] > _GEMM_MAX_M:
+        return None
+    if _cuda_gemm is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # the first use builds and allocates: never inside a capture
+        from .kernels import cuda_gemm
+
+        _cuda_gemm = cuda_gemm if cuda_gemm.available(x.device) else False
+    return _cuda_gemm.skinny_linear if _cuda_gemm and _cuda_gemm.supports(x, w) else None
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -84,6 +119,19 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
     if (kk := fast_kernels(q)) and q.dtype == q_weight.dtype and k.stride(-1) == 1 and _rope_kernel_fits(q, cos, sin):
         return kk.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
     return apply_rope(rms_norm(q, q_weight, eps), cos, sin), apply_rope(rms_norm(k, k_weight, eps), cos, sin)
+
+
+def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions):
+    """qk_norm_rope, then k and v stored in one layer's cache [max_len, KV, D] at `positions` (device
+    int64 [T]); returns q. One kernel on the GPU instead of three."""
+    if ((kk := fast_kernels(q)) and q.dtype == q_weight.dtype == k_cache.dtype and k.stride(-1) == 1
+            and v.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and _rope_kernel_fits(q, cos, sin)):
+        return kk.qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions)
+    q, k = qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
+    k_cache.index_copy_(0, positions, k)
+    v_cache.index_copy_(0, positions, v)
+    return q
 
 
 def rope_tables(head_dim: int, theta: float, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:

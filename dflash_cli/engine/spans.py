@@ -43,5 +43,15 @@ class StaticSpan:
 
     def attend(self, layer: int, q, k, v, scale: float) -> torch.Tensor:
         self.write(layer, k, v)
+        return self._attend_cache(layer, q, scale)
+
+    def attend_fresh(self, layer: int, q, k, v, q_norm, k_norm, eps: float, scale: float) -> torch.Tensor:
+        """q/k straight from the projection: normalise, rotate, write k/v and attend (the norm, RoPE
+        and cache write are one kernel on the GPU)."""
+        q = ops.qk_norm_rope_write(q, k, v, q_norm, k_norm, eps, self.cos, self.sin, self.cache.k[layer],
+                                   self.cache.v[layer], self.positions)
+        return self._attend_cache(layer, q, scale)
+
+    def _attend_cache(self, layer: int, q, scale: float) -> torch.Tensor:
         w = self.window
         return ops.attention_window(q, self.cache.k[layer, :w], self.cache.v[layer, :w], self.limit, scale)

@@ -69,6 +69,20 @@ class DecoderLayer:
         )
 
 
+def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span, index: int,
+                   scale: float) -> torch.Tensor:
+    """x [T, hidden] (normed) -> attention output [T, H*D] before o_proj: project, q/k norm + RoPE,
+    write the span's KV, attend. Spans that can fuse the norm, RoPE and KV write do (`attend_fresh`)."""
+    fused = getattr(span, "attend_fresh", None)
+    if fused is None:
+        q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin)
+        return span.attend(index, q, k, v, scale)
+    d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias).split([nh * d, nkv * d, nkv * d], dim=-1)
+    return fused(index, q.reshape(-1, nh, d), k.reshape(-1, nkv, d), v.reshape(-1, nkv, d), layer.q_norm,
+                 layer.k_norm, cfg.rms_norm_eps, scale)
+
+
 def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos, sin):
     """x: [T, hidden] (already normed) -> q [T, H, D], k, v [T, KV, D]; q/k normed and rotated
     at the rows' positions (cos/sin [T, D]); one fused kernel for both on the GPU."""

@@ -20,7 +20,7 @@ from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, mlp_block, project_kv, project_qkv_rope
+from .decoder import DecoderLayer, layer_shapes, mlp_block, project_kv, self_attention
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -173,8 +173,7 @@ class DFlashDrafter:
             h = h * c.embedding_scale
         for i, layer in enumerate(self.layers):
             x = ops.rms_norm(h, layer.input_norm, m.rms_norm_eps)
-            q, k, v = project_qkv_rope(layer, x, m, span.cos, span.sin)
-            h = h + ops.linear(span.attend(i, q, k, v, self.scale), layer.o)
+            h = h + ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o)
             h = mlp_block(layer, h, m.rms_norm_eps)
         return h
 

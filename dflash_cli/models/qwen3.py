@@ -14,7 +14,7 @@ from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, project_qkv_rope
+from .decoder import DecoderLayer, layer_shapes, self_attention
 
 
 def checkpoint_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -110,8 +110,7 @@ class Qwen3Model:
         # Each residual add is fused with the norm that follows it (the next layer's, or the final one).
         norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
         for i, layer in enumerate(self.layers):
-            q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin)
-            attn = span.attend(i, q, k, v, self.scale)
+            attn = self_attention(layer, x, cfg, span, i, self.scale)
             h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o), layer.post_norm, eps)
             h, x = ops.add_rms_norm(h, ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down),
                                     norms[i], eps)

@@ -33,6 +33,14 @@ def test_fused_kernels_match_reference_bf16():
         gq, gk = k.qk_norm_rope(q.cuda(), kk.cuda(), wq.cuda(), wk.cuda(), 1e-6, c.cuda(), s.cuda())
         assert rel(gq, ops.apply_rope(ops.rms_norm(q, wq, 1e-6), c, s)) <= 1e-2
         assert rel(gk, ops.apply_rope(ops.rms_norm(kk, wk, 1e-6), c, s)) <= 1e-2
+        v = qkv[:, 40 * 128 :].reshape(t, 8, 128)
+        kc, vc = torch.zeros(4096, 8, 128, dtype=bf, device="cuda"), torch.zeros(4096, 8, 128, dtype=bf, device="cuda")
+        pos = torch.arange(3000, 3000 + t, device="cuda")
+        gq2 = k.qk_norm_rope_write(q.cuda(), kk.cuda(), v.cuda(), wq.cuda(), wk.cuda(), 1e-6, c.cuda(), s.cuda(),
+                                   kc, vc, pos)
+        assert rel(gq2, ops.apply_rope(ops.rms_norm(q, wq, 1e-6), c, s)) <= 1e-2
+        assert rel(kc[3000 : 3000 + t], ops.apply_rope(ops.rms_norm(kk, wk, 1e-6), c, s)) <= 1e-2
+        assert torch.equal(vc[3000 : 3000 + t].cpu(), v) and kc[:3000].abs().sum() == 0
         delta = torch.randn(t, 2560, dtype=bf)
         h2, x2 = k.add_rms_norm(x.cuda(), delta.cuda(), w.cuda(), 1e-6)
         assert rel(h2, x + delta) <= 1e-2 and rel(x2, ops.rms_norm(x + delta, w, 1e-6)) <= 1e-2
@@ -54,3 +62,31 @@ def test_window_attention_matches_reference_bf16(t, window, causal):
                                128**-0.5)
     got = attention_window(q.cuda(), k.cuda(), v.cuda(), limit.cuda(), 128**-0.5)
     assert rel(got, ref) <= 2e-2
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+def test_skinny_gemms_match_reference_bf16(m):
+    """Both skinny GEMMs (Triton; CUDA from csrc/ where nvcc is present) at Qwen3-4B / drafter shapes."""
+    from dflash_cli.engine.kernels import cuda_gemm
+    from dflash_cli.engine.kernels.skinny_gemm import skinny_linear
+
+    torch.manual_seed(2)
+    bf = torch.bfloat16
+    dev = torch.device("cuda")
+    built = cuda_gemm.available(dev)
+    for n, k in ((6144, 2560), (2560, 4096), (2560, 9728), (151936, 2560), (2560, 12800)):
+        x = torch.randn(m, k, dtype=bf, device=dev)
+        w = torch.randn(n, k, dtype=bf, device=dev) * 0.02
+        ref = x.float() @ w.float().T
+        err = lambda y: ((y.float() - ref).norm() / ref.norm()).item()  # noqa: E731
+        assert err(skinny_linear(x, w)) <= 1e-2
+        if built:
+            y = cuda_gemm.skinny_linear(x, w)
+            assert err(y) <= 1e-2
+            assert torch.equal(y, cuda_gemm.skinny_linear(x, w))  # split-K partials add in a fixed order
+            for cfg in ((1, 1, 2), (8, 4, 4), (2, 8, 8)):
+                if cfg[1] * 16 * n <= cuda_gemm.WS_FLOATS:
+                    assert err(cuda_gemm.skinny_linear(x, w, cfg)) <= 1e-2
+                    assert err(cuda_gemm.skinny_linear(x, w, cfg)) <= 1e-2  # the arrival counters were reset
+    if not built:
+        pytest.skip(cuda_gemm.unavailable_reason(dev))

@@ -13,15 +13,19 @@ import torch
 import triton
 import triton.language as tl
 
-SPLIT = 256
+from .pdl import launch_options, start as pdl_start
+
+SPLIT = 256  # keys per program for spans of many rows (verify, drafts)
 BLOCK_S = 64
+PROGRAMS = 512  # a decode step (few rows) splits its window finer: ~4 programs per SM of an H100
 
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_qt, stride_qh,
                   stride_ks, stride_kh, stride_vs, stride_vh, scale,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SPLIT: tl.constexpr):
+                  SPLIT: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
@@ -60,7 +64,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
 
 @triton.jit
 def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, G: tl.constexpr, D: tl.constexpr,
-                  BLOCK_R: tl.constexpr):
+                  BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     kvh = tl.program_id(0)
     r = tl.program_id(1)
     t = r // G
@@ -95,12 +100,17 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     s, kv, _ = k.shape
     g = h // kv
     block_r = max(16, triton.next_power_of_2(t * g))
-    nsplit = triton.cdiv(s, SPLIT)
+    split = SPLIT
+    if block_r <= 16:  # one or a few query rows: the window alone must fill the GPU
+        split = min(SPLIT, max(BLOCK_S, triton.next_power_of_2(triton.cdiv(s * kv, PROGRAMS))))
+    nsplit = triton.cdiv(s, split)
     part_o = torch.empty((kv, nsplit, block_r, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((kv, nsplit, block_r, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, q.stride(0), q.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
-                                G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=SPLIT)
-    _merge_kernel[(kv, t * g)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, BLOCK_R=block_r)
+                                G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
+                                **launch_options(q.device))
+    _merge_kernel[(kv, t * g)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, BLOCK_R=block_r,
+                               **launch_options(q.device))
     return out

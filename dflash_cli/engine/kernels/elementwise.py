@@ -11,10 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_options, start as pdl_start
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, B, stride_a, stride_b, D: tl.constexpr, BLOCK: tl.constexpr,
-                     eps):
+                     eps, PDL: tl.constexpr):
+    pdl_start(PDL)
     row = tl.program_id(0)
     a, b = row // B, row % B
     offs = tl.arange(0, BLOCK)
@@ -33,12 +36,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     a, b = x3.shape[0], x3.shape[1]
     out = torch.empty((a, b, d), dtype=x.dtype, device=x.device)
     _rms_norm_kernel[(a * b,)](x3, weight, out, b, x3.stride(0), x3.stride(1), D=d,
-                               BLOCK=triton.next_power_of_2(d), eps=eps)
+                               BLOCK=triton.next_power_of_2(d), eps=eps, **launch_options(x.device))
     return out.reshape(x.shape)
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_t, stride_h, D: tl.constexpr, HALF: tl.constexpr):
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_t, stride_h, D: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     row = tl.program_id(0)
     t, h = row // H, row % H
     offs = tl.arange(0, HALF)
@@ -62,12 +66,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     t, h, d = x.shape
     assert x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
     out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
-    _rope_kernel[(t * h,)](x, cos, sin, out, h, x.stride(0), x.stride(1), D=d, HALF=d // 2)
+    _rope_kernel[(t * h,)](x, cos, sin, out, h, x.stride(0), x.stride(1), D=d, HALF=d // 2,
+                           **launch_options(x.device))
     return out
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, I, stride_t, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, out_ptr, I, stride_t, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
@@ -84,39 +90,55 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     assert gate_up.stride(-1) == 1
     out = torch.empty((t, i), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), BLOCK=block)
+    _silu_mul_kernel[(t, triton.cdiv(i, block))](gate_up, out, i, gate_up.stride(0), BLOCK=block,
+                                                 **launch_options(gate_up.device))
     return out
 
 
 @triton.jit
-def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_out, k_out, H, KV,
-                         stride_qt, stride_qh, stride_kt, stride_kh, eps, D: tl.constexpr, HALF: tl.constexpr):
-    # One program per (row, head) over the q heads then the k heads: RMSNorm then RoPE, rounded as the reference.
+def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_out, k_out, v_out, H, KV,
+                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, eps,
+                         D: tl.constexpr, HALF: tl.constexpr, WRITE: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
+    # One program per (row, head) over the q heads, then the k heads (RMSNorm then RoPE, rounded as the
+    # reference), then with WRITE the v heads. With WRITE, k and v go straight into the cache rows at the
+    # rows' positions (k_out/v_out are the layer's cache, stride_ot its row stride): no separate KV copy.
     pid = tl.program_id(0)
-    per_row = H + KV
+    per_row = H + KV + KV * WRITE
     t, head = pid // per_row, pid % per_row
-    is_q = head < H
-    kh = head - H
-    src = tl.where(is_q, q_ptr + t * stride_qt + head * stride_qh, k_ptr + t * stride_kt + kh * stride_kh)
-    w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
-    dst = tl.where(is_q, q_out + (t * H + head) * D, k_out + (t * KV + kh) * D)
     dt = q_out.dtype.element_ty
     offs = tl.arange(0, HALF)
-    x1 = tl.load(src + offs).to(tl.float32)
-    x2 = tl.load(src + HALF + offs).to(tl.float32)
-    r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
-    w1 = tl.load(w_ptr + offs).to(tl.float32)
-    w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
-    y1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-    y2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-    c1 = tl.load(cos_ptr + t * D + offs).to(dt).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * D + offs).to(dt).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
-    o1 = (y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)
-    o2 = (y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)
-    tl.store(dst + offs, o1.to(dt))
-    tl.store(dst + HALF + offs, o2.to(dt))
+    if WRITE:
+        row_out = tl.load(pos_ptr + t)
+    else:
+        row_out = t
+    if head < H + KV:
+        is_q = head < H
+        kh = head - H
+        src = tl.where(is_q, q_ptr + t * stride_qt + head * stride_qh, k_ptr + t * stride_kt + kh * stride_kh)
+        w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
+        dst = tl.where(is_q, q_out + (t * H + head) * D, k_out + row_out * stride_ot + kh * D)
+        x1 = tl.load(src + offs).to(tl.float32)
+        x2 = tl.load(src + HALF + offs).to(tl.float32)
+        r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+        w1 = tl.load(w_ptr + offs).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
+        y1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        y2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+        c1 = tl.load(cos_ptr + t * D + offs).to(dt).to(tl.float32)
+        c2 = tl.load(cos_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
+        s1 = tl.load(sin_ptr + t * D + offs).to(dt).to(tl.float32)
+        s2 = tl.load(sin_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
+        o1 = (y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)
+        o2 = (y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)
+        tl.store(dst + offs, o1.to(dt))
+        tl.store(dst + HALF + offs, o2.to(dt))
+    else:
+        vh = head - H - KV
+        src = v_ptr + t * stride_vt + vh * stride_vh
+        dst = v_out + row_out * stride_ot + vh * D
+        tl.store(dst + offs, tl.load(src + offs))
+        tl.store(dst + HALF + offs, tl.load(src + HALF + offs))
 
 
 def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
@@ -125,15 +147,30 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
     q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
     k_out = torch.empty((t, kv, d), dtype=k.dtype, device=k.device)
-    _qk_norm_rope_kernel[(t * (h + kv),)](q, k, q_weight, k_weight, cos, sin, q_out, k_out, h, kv,
-                                          q.stride(0), q.stride(1), k.stride(0), k.stride(1), eps,
-                                          D=d, HALF=d // 2)
+    _qk_norm_rope_kernel[(t * (h + kv),)](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
+                                          q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
+                                          D=d, HALF=d // 2, WRITE=False, **launch_options(q.device))
     return q_out, k_out
+
+
+def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions):
+    """As qk_norm_rope, with k and v stored into the cache rows [max_len, KV, D] at `positions`; returns q."""
+    t, h, d = q.shape
+    kv = k.shape[1]
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and cos.is_contiguous()
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and sin.is_contiguous()
+    q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    _qk_norm_rope_kernel[(t * (h + 2 * kv),)](q, k, v, q_weight, k_weight, cos, sin, positions, q_out, k_cache,
+                                              v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                                              v.stride(0), v.stride(1), k_cache.stride(0), eps,
+                                              D=d, HALF=d // 2, WRITE=True, **launch_options(q.device))
+    return q_out
 
 
 @triton.jit
 def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, h_out, x_out, stride_h, stride_d, eps, D: tl.constexpr,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
@@ -153,5 +190,5 @@ def add_rms_norm(h, delta, weight, eps):
     h_out = torch.empty_like(h, memory_format=torch.contiguous_format)
     x_out = torch.empty_like(h_out)
     _add_rms_norm_kernel[(t,)](h, delta, weight, h_out, x_out, h.stride(0), delta.stride(0), eps, D=d,
-                               BLOCK=triton.next_power_of_2(d))
+                               BLOCK=triton.next_power_of_2(d), **launch_options(h.device))
     return h_out, x_out

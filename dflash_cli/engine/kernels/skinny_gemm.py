@@ -12,10 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import launch_options, start as pdl_start
+
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, out_ptr, M, N, K, K_PER: tl.constexpr, stride_xm, stride_wn, stride_om,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, ATOMIC: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -60,5 +63,6 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]
     grid = (triton.cdiv(n, block_n), split)
     k_per = triton.cdiv(k, split * block_k) * block_k
     _skinny_kernel[grid](x, w, out, m, n, k, k_per, x.stride(0), w.stride(0), out.stride(0),
-                         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, ATOMIC=split > 1)
+                         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, ATOMIC=split > 1,
+                         **launch_options(x.device))
     return out.to(x.dtype) if split > 1 else out

@@ -1,0 +1,177 @@
+"""The hand-written skinny GEMM of csrc/skinny_gemm.cu: built with nvcc on first use, launched through the driver.
+
+The kernel is compiled to a cubin for the GPU at hand and cached under
+~/.cache/dflash/kernels (keyed by source, architecture and nvcc), then loaded
+with the CUDA driver API through ctypes: no torch extension build, no Python
+headers. Launches go on torch's current stream, so they are captured into CUDA
+graphs like any other kernel. Where nvcc or a Hopper/Ampere GPU is missing,
+`available()` is False and callers keep cuBLAS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import pdl
+
+# The source lives in the checkout's csrc/ (the README installs editable); a wheel without it keeps cuBLAS.
+_SOURCE_NAMES = (Path(__file__).resolve().parents[3] / "csrc" / "skinny_gemm.cu",)
+WS_FLOATS = 1 << 21  # split-K partial tiles: splits * 16 * N floats must fit
+MAX_TILES = 1 << 15  # split-K arrival counters: one per 8-row tile
+MAX_M = 16
+
+_state: dict = {}  # device index -> _Module, or the reason it is unavailable (str)
+
+
+def _source() -> Path | None:
+    return next((p for p in _SOURCE_NAMES if p.is_file()), None)
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    return None
+
+
+def _build(src: Path, arch: str) -> bytes:
+    nvcc = _nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found")
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256(src.read_bytes() + arch.encode() + version.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("DFLASH_KERNEL_CACHE", Path.home() / ".cache" / "dflash" / "kernels"))
+    cubin = cache / f"{src.stem}-{arch}-{key}.cubin"
+    if not cubin.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            out = Path(tmp) / "k.cubin"
+            subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(src)],
+                           capture_output=True, text=True, check=True)
+            os.replace(out, cubin)  # atomic: a concurrent build never leaves half a file
+    return cubin.read_bytes()
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id and a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class _Module:
+    def __init__(self, device: torch.device, image: bytes):
+        self.driver = ctypes.CDLL("libcuda.so.1")
+        self.pdl = pdl.enabled(device)
+        self.attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION, 0)
+        self.attr.value[0] = 1
+        torch.cuda.synchronize(device)  # the primary context is current on this thread
+        self.module = ctypes.c_void_p()
+        self._check(self.driver.cuModuleLoadData(ctypes.byref(self.module), image), "cuModuleLoadData")
+        self.functions: dict[str, ctypes.c_void_p] = {}
+        self.ws = torch.empty(WS_FLOATS, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+
+    def _check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"{what} failed with CUDA driver error {code}")
+
+    def function(self, name: str) -> ctypes.c_void_p:
+        if name not in self.functions:
+            fn = ctypes.c_void_p()
+            self._check(self.driver.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()), name)
+            self.functions[name] = fn
+        return self.functions[name]
+
+    def launch(self, name: str, grid: tuple[int, int], block: int, smem: int, args: list) -> None:
+        values = [ctypes.c_void_p(a) if isinstance(a, _Ptr) else ctypes.c_int(a) for a in args]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        if self.pdl:
+            cfg = _LaunchConfig((grid[0], grid[1], 1), (block, 1, 1), smem, stream, ctypes.pointer(self.attr), 1)
+            code = self.driver.cuLaunchKernelEx(ctypes.byref(cfg), self.function(name), params, None)
+        else:
+            code = self.driver.cuLaunchKernel(self.function(name), grid[0], grid[1], 1, block, 1, 1, smem, stream,
+                                              params, None)
+        self._check(code, f"launch of {name}")
+
+
+class _Ptr(int):
+    """A device address argument (the others are ints)."""
+
+
+def _module(device: torch.device) -> _Module | None:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    state = _state.get(index)
+    if state is None:
+        try:
+            major, minor = torch.cuda.get_device_capability(index)
+            if major < 8:
+                raise RuntimeError("needs compute capability 8.0 or newer (bf16 mma)")
+            src = _source()
+            if src is None:
+                raise RuntimeError("csrc/skinny_gemm.cu not found")
+            with torch.cuda.device(index):
+                state = _Module(torch.device("cuda", index), _build(src, f"sm_{major}{minor}"))
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+            state = f"skinny GEMM unavailable: {exc}"
+        _state[index] = state
+    return state if isinstance(state, _Module) else None
+
+
+def available(device: torch.device) -> bool:
+    return device.type == "cuda" and _module(device) is not None
+
+
+def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
+    m, k = x.shape if x.dim() == 2 else (0, 0)
+    return (x.dim() == 2 and 1 <= m <= MAX_M and x.dtype == w.dtype == torch.bfloat16 and w.dim() == 2
+            and w.shape[1] == k and k % 32 == 0 and w.shape[0] % 8 == 0 and x.is_contiguous() and w.is_contiguous()
+            and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0 and w.shape[0] // 8 <= MAX_TILES)
+
+
+def plan(m: int, n: int, k: int) -> tuple[int, int, int]:
+    """(warps per block, K splits over blocks, unroll): enough warps in flight to cover every SM."""
+    tiles, chunks = n // 8, k // 32
+    warps, splits = 4, 1
+    while tiles * splits * warps < 132 * 16 and chunks // (splits * 2 * warps) >= 8 \
+            and splits * 2 * 16 * n <= WS_FLOATS:
+        splits *= 2
+    return warps, splits, 4
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T in bf16 with M <= 16 (check `supports` first)."""
+    mod = _module(x.device)
+    m, k = x.shape
+    n = w.shape[0]
+    warps, splits, unroll = config or plan(m, n, k)
+    if splits > 1 and (splits * 16 * n > WS_FLOATS or n // 8 > MAX_TILES):
+        raise ValueError(f"{splits} K splits of {n} columns overflow the split-K workspace")
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    name = f"skinny_m{8 if m <= 8 else 16}_u{unroll}"
+    mod.launch(name, (n // 8, splits), warps * 32, warps * 512,
+               [_Ptr(x.data_ptr()), _Ptr(w.data_ptr()), _Ptr(out.data_ptr()), _Ptr(mod.ws.data_ptr()),
+                _Ptr(mod.counters.data_ptr()), m, n, k])
+    return out
+
+
+def unavailable_reason(device: torch.device) -> str | None:
+    state = _state.get(device.index if device.index is not None else 0)
+    return state if isinstance(state, str) else None

@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (Hopper and newer) for the kernels of a step.
+
+A kernel launched this way may start while the previous one drains: every kernel
+first lets the next one launch, then waits for the previous one to finish (its
+writes are then visible) before it reads or writes anything another kernel owns.
+Only weights, which no kernel writes, are read before the wait (the skinny GEMM
+prefetches them). In a CUDA graph the chain of a whole step overlaps each
+kernel's ramp-up with its predecessor's tail. DFLASH_PDL=0 turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+_enabled: dict = {}
+
+
+def enabled(device: torch.device) -> bool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _enabled:
+        _enabled[index] = (os.environ.get("DFLASH_PDL", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+                           and torch.cuda.get_device_capability(index)[0] >= 9)
+    return _enabled[index]
+
+
+def launch_options(device: torch.device) -> dict:
+    """Keyword arguments for a Triton launch: the kernel's PDL flag and Triton's launch option."""
+    return {"PDL": True, "launch_pdl": True} if device.type == "cuda" and enabled(device) else {"PDL": False}
+
+
+@triton.jit
+def start(PDL: tl.constexpr):
+    """First statement of every kernel of the step (see the module's docstring)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
