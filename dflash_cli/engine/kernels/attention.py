@@ -9,6 +9,8 @@ splits' partial softmax states. All query heads of a KV group share its K/V load
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -17,6 +19,9 @@ from .pdl import launch_options, start as pdl_start
 
 SPLIT = 256  # keys per program for spans of many rows (verify, drafts)
 BLOCK_S = 64
+# Launched without PDL: at context 8192 the early-launched, waiting attention programs cost more than the
+# overlap gains (H100 plain step 5.34 ms with PDL, 4.83 without; benchmarks/2026-11-22-h100/pdl/).
+ATTENTION_PDL = os.environ.get("DFLASH_ATTENTION_PDL", "0") == "1"
 PROGRAMS = 512  # a decode step (few rows) splits its window finer: ~4 programs per SM of an H100
 
 
@@ -110,7 +115,7 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, q.stride(0), q.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                                 G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
-                                **launch_options(q.device))
+                                **launch_options(q.device, ATTENTION_PDL))
     _merge_kernel[(kv, t * g)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, BLOCK_R=block_r,
-                               **launch_options(q.device))
+                               **launch_options(q.device, ATTENTION_PDL))
     return out

@@ -28,9 +28,10 @@ def enabled(device: torch.device) -> bool:
     return _enabled[index]
 
 
-def launch_options(device: torch.device) -> dict:
+def launch_options(device: torch.device, allowed: bool = True) -> dict:
     """Keyword arguments for a Triton launch: the kernel's PDL flag and Triton's launch option."""
-    return {"PDL": True, "launch_pdl": True} if device.type == "cuda" and enabled(device) else {"PDL": False}
+    on = allowed and device.type == "cuda" and enabled(device)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 @triton.jit
