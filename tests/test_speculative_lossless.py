@@ -160,7 +160,7 @@ class Scripted:
         assert len(true) == k, "proposal past the precomputed continuation"
         j = self.right(k)
         self.log.append(j)
-        return true[:j] + [(t + 1) % self.vocab for t in true[j:]], None
+        return torch.tensor(true[:j] + [(t + 1) % self.vocab for t in true[j:]]), None
 
 
 def eagle3_logits(drafter: Eagle3Drafter, last: int, drafts: list[int]) -> torch.Tensor:
@@ -208,7 +208,8 @@ class Steered:
 
     def propose(self, last, k, params, gen):
         drafts, q = self.inner.propose(last, k, params, gen)
-        assert len(drafts) == k
+        assert drafts.shape == (k,) and drafts.dtype == torch.long
+        drafts = drafts.tolist()
         if len(self.log) % self.check_every == 0:
             self.check_against_fresh(last, drafts)
         pos = len(self.tokens)
@@ -216,7 +217,7 @@ class Steered:
         self.log.append(j)
         true = self.truth[pos + 1 : pos + 1 + j]
         assert len(true) == j
-        return true + drafts[j:], q
+        return torch.tensor(true + drafts[j:]), q
 
     def check_against_fresh(self, last: int, drafts: list[int]) -> None:
         session = Session(self.target, self.max_len)

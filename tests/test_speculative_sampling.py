@@ -130,7 +130,7 @@ def run_accept(p: torch.Tensor, q: torch.Tensor, trials: int, seed: int):
     accepted, emitted = [], []
     for t in range(trials):
         d = drafts[t]
-        n, bonus = accept_sampled(d, q, p, g)
+        n, bonus = (int(x) for x in accept_sampled(d, q, p, g))
         assert 0 <= n <= k and 0 <= bonus < v
         accepted.append(n)
         emitted.append(d[:n].tolist() + [bonus])

@@ -16,6 +16,9 @@ from __future__ import annotations
 import math
 import random
 
+import torch
+
+from ..engine.graphs import upload
 from ..engine.speculative import SpeculativeDecoder
 
 
@@ -53,13 +56,13 @@ class ForcedAcceptance:
     def propose(self, last: int, k: int, params, gen):
         drafts, probs = self.inner.propose(last, k, params, gen)
         n = self.forced = self._n_right(k)
-        truth = self.sequence[self.pos + 1 : self.pos + 1 + k]
-        forced = list(drafts)
-        for i in range(min(k, len(truth))):
-            if i < n:
-                forced[i] = truth[i]
-            elif i == n:
-                forced[i] = (truth[i] + 1) % self.vocab_size  # surely rejected
+        truth = self.sequence[self.pos + 1 : self.pos + 1 + min(n + 1, k)]
+        head = truth[:n] + [(t + 1) % self.vocab_size for t in truth[n:]]  # the one at n is surely rejected
+        if not head:
+            return drafts, probs
+        # Overwritten on the device: the proposal is never read back here.
+        forced = drafts.clone()
+        forced[: len(head)] = upload(head, drafts.device)
         return forced, probs
 
 
@@ -69,4 +72,4 @@ class ForcedDecoder(SpeculativeDecoder):
     def accept(self, drafts, q, logits, params, gen):
         super().accept(drafts, q, logits, params, gen)  # keep the real acceptance's cost
         n = min(self.proposer.forced, drafts.shape[0])
-        return n, int(logits[n].argmax())
+        return torch.full((), n, dtype=torch.long, device=logits.device), logits[n].argmax()

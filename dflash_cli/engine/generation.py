@@ -14,7 +14,7 @@ import torch
 
 from ..errors import DflashError
 from .sampling import SamplingParams, sample
-from .session import Session, now
+from .session import Session, elapsed, mark, now
 
 
 @dataclass
@@ -22,8 +22,17 @@ class Step:
     emitted: list[int]  # tokens committed by this step, in order
     draft: list[int] = field(default_factory=list)  # what the drafter proposed
     accepted: int = 0  # how many drafts the target accepted
-    draft_s: float = 0.0
-    verify_s: float = 0.0
+    # Device marks (session.mark) at the start, after drafting, after verifying: read when the times are,
+    # so timing a step never makes it wait for the device.
+    marks: tuple = (0.0, 0.0, 0.0)
+
+    @property
+    def draft_s(self) -> float:
+        return elapsed(self.marks[0], self.marks[1])
+
+    @property
+    def verify_s(self) -> float:
+        return elapsed(self.marks[1], self.marks[2])
 
 
 class Decoder(Protocol):
@@ -45,10 +54,10 @@ class PlainDecoder:
         return session.forward(ids).logits[-1]
 
     def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
-        t0 = now(session.device)
-        logits = session.forward([last]).logits[-1]
-        tok = int(sample(logits, params, gen).item())
-        return Step(emitted=[tok], verify_s=now(session.device) - t0)
+        t0 = mark(session.device)
+        tok = sample(session.forward([last]).logits[-1], params, gen)
+        t1 = mark(session.device)
+        return Step(emitted=[int(tok.item())], marks=(t0, t0, t1))  # the step's one host sync
 
     def sync(self, session: Session) -> None:
         pass
@@ -128,7 +137,7 @@ def generate(
         logits = decoder.prefill(session, ids)
         first = int(sample(logits, req.params, gen).item())
         ttft = now(session.device) - t_start
-        first_step = Step(emitted=[first], verify_s=ttft)
+        first_step = Step(emitted=[first], marks=(0.0, 0.0, ttft))
         tokens.append(first)
         if on_step:
             on_step(first_step)

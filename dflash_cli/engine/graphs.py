@@ -35,6 +35,19 @@ class Totals:
         return cls.shapes, cls.captures, cls.capture_s
 
 
+def host_ids(ids, device) -> torch.Tensor:
+    """Host token ids (an int or a sequence) as a long CPU tensor, pinned when bound for a GPU:
+    a copy from pageable memory may wait for the stream, one from pinned memory never does."""
+    ids = [ids] if isinstance(ids, int) else list(ids)
+    return torch.tensor(ids, dtype=torch.long, pin_memory=torch.device(device).type == "cuda")
+
+
+def upload(ids, device) -> torch.Tensor:
+    """Token ids (an int, a sequence or a tensor) as a 1-D long tensor on `device`, without a host sync."""
+    src = ids.reshape(-1) if torch.is_tensor(ids) else host_ids(ids, device)
+    return src.to(device, torch.long, non_blocking=True)
+
+
 def window_for(end: int, max_len: int) -> int:
     w = MIN_WINDOW
     while w < end:
@@ -63,16 +76,16 @@ class Graphs:
         self.captures = 0
 
     def __call__(self, ids, start: int, *extra, end: int | None = None):
-        """Run on `ids` (token list, or a tensor of rows) at `start`; attention reads a window
-        covering `end` (default start + len(ids))."""
+        """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device)
+        at `start`; attention reads a window covering `end` (default start + len(ids))."""
         key = (len(ids), window_for(end or start + len(ids), self.max_len), *extra)
         step = self.steps.get(key)
-        host_ids = ids if torch.is_tensor(ids) else torch.tensor(ids, dtype=torch.long)
+        src = ids if torch.is_tensor(ids) else host_ids(ids, self.device)
         if step is None:
-            step = self.steps[key] = self._build(key, host_ids, start)
+            step = self.steps[key] = self._build(key, src, start)
         else:
-            step.ids.copy_(host_ids, non_blocking=True)
-            step.start.fill_(start)
+            step.ids.copy_(src, non_blocking=True)
+            step.start.fill_(start)  # a fill kernel: no copy from the host
         if step.graph is not None:
             step.graph.replay()
         else:
@@ -89,9 +102,10 @@ class Graphs:
     def _run(self, step: _Captured, key):
         return self.fn(step.ids, step.start, *key[1:])
 
-    def _build(self, key, host_ids: torch.Tensor, start: int) -> _Captured:
+    def _build(self, key, src: torch.Tensor, start: int) -> _Captured:
         dev = self.device
-        step = _Captured(ids=host_ids.to(dev, copy=True), start=torch.tensor(start, dtype=torch.long, device=dev),
+        step = _Captured(ids=src.to(dev, copy=True, non_blocking=True),
+                         start=torch.full((), start, dtype=torch.long, device=dev),
                          out=None, graph=None)
         Totals.shapes += 1
         if not self.use_graphs:

@@ -72,13 +72,13 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | 
     return draw(probabilities(logits, params), gen)
 
 
-def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, int]:
-    """drafts [k]; target_logits [k+1, V]. Returns (accepted count, the target's next token)."""
+def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """drafts [k]; target_logits [k+1, V]. Returns (accepted count, the target's next token) as device
+    scalars: the caller brings them to the host in its one transfer of the step."""
     best = target_logits.argmax(-1)
     agree = (drafts == best[:-1]).to(torch.int64)
     n = agree.cumprod(0).sum()
-    n, bonus = torch.stack([n, best[n]]).tolist()  # one host sync for both
-    return n, bonus
+    return n, best.index_select(0, n.view(1))[0]
 
 
 def accept_sampled(
@@ -86,12 +86,13 @@ def accept_sampled(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     gen: torch.Generator,
-) -> tuple[int, int]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative rejection sampling (Leviathan et al. / Chen et al.).
 
     drafts [k] were drawn from draft_probs [k, V]; target_probs is [k+1, V].
     Accept draft i with probability min(1, p/q); at the first rejection draw from
     normalised max(p - q, 0); if all are accepted draw the bonus from the last row.
+    Returns (accepted count, the next token) as device scalars, without a host sync.
     """
     k = drafts.shape[0]
     idx = torch.arange(k, device=drafts.device)
@@ -99,10 +100,13 @@ def accept_sampled(
     q = draft_probs[idx, drafts]
     u = torch.rand(k, generator=gen, device=drafts.device)
     ok = (u * q < p).to(torch.int64)  # u < p/q without dividing by a zero q
-    n = int(ok.cumprod(0).sum().item())
-    if n == k:
-        return n, int(draw(target_probs[k], gen).item())
-    residual = (target_probs[n] - draft_probs[n]).clamp_min(0)
+    n = ok.cumprod(0).sum()
+    if k == 0:
+        return n, draw(target_probs[0], gen)
+    # The bonus row is chosen on the device; one draw either way, so the generator advances alike.
+    at = n.clamp(max=k - 1).view(1)
+    target_row = target_probs.index_select(0, at)[0]
+    residual = (target_row - draft_probs.index_select(0, at)[0]).clamp_min(0)
     total = residual.sum()
-    dist = residual / total if total > 0 else target_probs[n]
-    return n, int(draw(dist, gen).item())
+    dist = torch.where(total > 0, residual / total, target_row)
+    return n, draw(torch.where(n == k, target_probs[k], dist), gen)

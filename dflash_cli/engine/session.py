@@ -9,14 +9,33 @@ from typing import Sequence
 import torch
 
 from ..errors import DflashError
-from .graphs import MAX_ROWS
+from .graphs import MAX_ROWS, upload
 
 
 def now(device: torch.device) -> float:
-    """Wall time after the device has finished queued work."""
+    """Wall time after the device has finished queued work (a host sync: once per generation, not per step)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def mark(device: torch.device):
+    """A point in the device's queue, taken without waiting for it: a CUDA event, or on CPU (where
+    work runs as it is queued) the wall time. `elapsed` reads two of them."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def elapsed(a, b) -> float:
+    """Seconds from mark a to mark b; waits only if the device has not reached b yet (read marks after
+    a sync that follows them, and this costs nothing)."""
+    if isinstance(b, float):
+        return b - a
+    b.synchronize()
+    return a.elapsed_time(b) / 1000
 
 
 class Session:
@@ -64,13 +83,15 @@ class Session:
         self.pending = []
 
     def forward(self, ids: Sequence[int] | torch.Tensor, capture=(), all_logits=False):
-        """Forward `ids` at the committed end and commit them."""
-        t = torch.as_tensor(ids, dtype=torch.long)
-        if self.length + t.shape[0] > self.max_len:
+        """Forward `ids` (host ids, or a 1-D device tensor that stays on the device) at the committed end
+        and commit them."""
+        n = len(ids)
+        if self.length + n > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")
-        if self.fast is not None and t.shape[0] <= MAX_ROWS:
-            out = self.fast(t.tolist(), self.length, tuple(capture), all_logits)
+        if self.fast is not None and n <= MAX_ROWS:
+            out = self.fast(ids, self.length, tuple(capture), all_logits)
         else:
-            out = self.model.forward(t.to(self.device), self.length, self.cache, capture=capture, all_logits=all_logits)
-        self.length += t.shape[0]
+            out = self.model.forward(upload(ids, self.device), self.length, self.cache, capture=capture,
+                                     all_logits=all_logits)
+        self.length += n
         return out

@@ -4,6 +4,9 @@ longest agreeing prefix plus one target token -> commit their KV, roll back the 
 
 Greedy acceptance keeps output identical to plain greedy decoding; with
 temperature > 0, rejection sampling keeps the target's distribution.
+
+Drafts, the verify input and the acceptance stay on the device: a step waits for
+it once, to bring back the accepted count, the bonus and the drafts together.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Protocol
 import torch
 
 from .generation import Step
+from .graphs import upload
 from .sampling import SamplingParams, accept_greedy, accept_sampled, probabilities
-from .session import Session, now
+from .session import Session, mark
 
 
 class Proposer(Protocol):
@@ -28,8 +32,9 @@ class Proposer(Protocol):
     def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
         """Learn committed target positions [start, start+n): their hidden states and token ids."""
 
-    def propose(self, last: int, k: int, params: SamplingParams, gen) -> tuple[list[int], torch.Tensor | None]:
-        """k draft tokens following `last` (at the committed end), and their [k, V] probabilities when sampling."""
+    def propose(self, last: int, k: int, params: SamplingParams, gen) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k >= 1 draft tokens following `last` (at the committed end) as a long device tensor [k], and
+        their [k, V] probabilities when sampling. Nothing may wait for the device here."""
 
     def rollback(self, length: int) -> None: ...
 
@@ -54,24 +59,25 @@ class SpeculativeDecoder:
         return out.logits[-1]
 
     def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
-        start = session.length
+        start, dev = session.length, session.device
         # Verify writes positions [start, start+k]: shrink k near the end of the cache and of max_tokens
         # (k = budget, not budget-1, keeps block sizes identical to z-lab's reference loop).
         k = max(0, min(self.draft_len, budget, session.max_len - start - 1))
-        t0 = now(session.device)
-        drafts, q = self.proposer.propose(last, k, params, gen) if k else ([], None)
-        t1 = now(session.device)
-        out = session.forward([last] + drafts, capture=self.proposer.capture, all_logits=True)
-        d = torch.tensor(drafts, dtype=torch.long, device=session.device)
-        n, bonus = self.accept(d, q, out.logits, params, gen)
+        t0 = mark(dev)
+        head = upload([last], dev)
+        drafts, q = self.proposer.propose(last, k, params, gen) if k else (head[:0], None)
+        t1 = mark(dev)
+        out = session.forward(torch.cat([head, drafts]), capture=self.proposer.capture, all_logits=True)
+        n, bonus = self.accept(drafts, q, out.logits, params, gen)
+        # The step's one host sync: everything the host needs from the device, in one transfer.
+        n, bonus, *draft = torch.cat([n.view(1), bonus.view(1), drafts]).tolist()
         session.length = start + n + 1  # roll back the rejected drafts' KV
         hidden = out.hidden[: n + 1] if out.hidden is not None else None  # None: a proposer that needs no states
-        self.proposer.absorb(hidden, start, [last] + drafts[:n])
-        t2 = now(session.device)
-        return Step(emitted=drafts[:n] + [bonus], draft=drafts, accepted=n, draft_s=t1 - t0, verify_s=t2 - t1)
+        self.proposer.absorb(hidden, start, [last] + draft[:n])
+        return Step(emitted=draft[:n] + [bonus], draft=draft, accepted=n, marks=(t0, t1, mark(dev)))
 
-    def accept(self, drafts: torch.Tensor, q, logits: torch.Tensor, params: SamplingParams, gen) -> tuple[int, int]:
-        """(accepted drafts, the target's next token) from the verify logits [k+1, V]."""
+    def accept(self, drafts: torch.Tensor, q, logits: torch.Tensor, params: SamplingParams, gen):
+        """(accepted drafts, the target's next token) from the verify logits [k+1, V], as device scalars."""
         if params.greedy:
             return accept_greedy(drafts, logits)
         return accept_sampled(drafts, q, probabilities(logits, params), gen)

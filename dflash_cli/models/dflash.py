@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..engine import ops
+from ..engine.graphs import upload
 from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
@@ -157,8 +158,8 @@ class DFlashDrafter:
         block = [last] + [self.c.mask_token_id] * n_draft
         if self.fast is not None:
             return self.fast(block, self.ctx_len)
-        ids = torch.tensor(block, dtype=torch.long, device=self.device)
-        return self._block_logits(ids, Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False))
+        span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
+        return self._block_logits(upload(block, self.device), span)
 
     def _block_logits(self, block: torch.Tensor, span) -> torch.Tensor:
         # Row 0 holds the last committed token: only the mask rows after it are drafts.

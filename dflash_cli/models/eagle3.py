@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..engine import ops
+from ..engine.graphs import upload
 from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
@@ -192,7 +193,7 @@ class Eagle3Drafter:
         self.committed = start + m
         # Rows [start-1, start+m-2]: state at p with the token at p+1 (row start-1 waited for tokens[0]).
         first = max(start - 1, 0)
-        nxt = torch.tensor(tokens[first + 1 - start :], dtype=torch.long, device=self.device)
+        nxt = upload(tokens[first + 1 - start :], self.device)
         if nxt.numel():
             span = Span(self.cache, first, nxt.numel(), self.cos, self.sin)
             self._rows(span, self.fused[first : first + nxt.numel()], nxt)
@@ -221,10 +222,11 @@ class Eagle3Drafter:
         """Draft-vocabulary logits of pre-norm outputs."""
         return ops.linear(ops.rms_norm(out, self.norm, self.c.eps), self.lm_head).float()
 
-    def chain_step(self, pos: int, state: torch.Tensor, token: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chained row at `pos`: returns (draft-vocab logits [Vd], pre-norm output [1, H])."""
+    def chain_step(self, pos: int, state: torch.Tensor, token) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chained row at `pos` fed `token` (an id, or a device tensor of one):
+        returns (draft-vocab logits [Vd], pre-norm output [1, H])."""
         span = Span(self.cache, pos, 1, self.cos, self.sin)
-        out = self._rows(span, state, torch.tensor([token], dtype=torch.long, device=self.device))
+        out = self._rows(span, state, upload(token, self.device))
         return self.logits(out)[0], out
 
     def first_state(self) -> tuple[int, torch.Tensor]:
@@ -232,17 +234,18 @@ class Eagle3Drafter:
         pos = self.committed - 1
         return pos, self.fused[pos : pos + 1]
 
-    def greedy_chain(self, last: int, k: int) -> list[int]:
-        """k greedy chained drafts (target ids) after `last`; on the fast path one graph replay, one sync."""
-        if self.fast is None:
-            pos, state = self.first_state()
-            token, drafts = last, []
-            for i in range(k):
-                logits, state = self.chain_step(pos + i, state, token)
-                token = int(self.draft_to_target[logits.argmax()])
-                drafts.append(token)
-            return drafts
-        return self.fast([last], self.committed, k, end=self.committed + k).tolist()
+    def greedy_chain(self, last: int, k: int) -> torch.Tensor:
+        """k greedy chained drafts (target ids, [k] on the device) after `last`; the tokens never
+        leave the device (on the fast path: one graph replay)."""
+        if self.fast is not None:
+            return self.fast([last], self.committed, k, end=self.committed + k)
+        pos, state = self.first_state()
+        token, drafts = last, []
+        for i in range(k):
+            logits, state = self.chain_step(pos + i, state, token)
+            token = self.draft_to_target[logits.argmax(-1, keepdim=True)]
+            drafts.append(token)
+        return torch.cat(drafts)
 
     def _greedy_chain(self, last: torch.Tensor, committed: torch.Tensor, window: int, k: int) -> torch.Tensor:
         """The chain on device: positions, states and tokens never leave the GPU."""

@@ -9,7 +9,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from ..engine.stats import step_stats
+from ..engine.stats import acceptance_stats
 from ..loading.tokenizer import StreamDecoder
 
 DRAFT_STYLE = "cyan"
@@ -86,7 +86,7 @@ def footer_line(n_tokens: int, ttft, t0: float, steps) -> str:
     if ttft is not None:
         parts.append(f"ttft {ttft * 1000:.0f} ms")
     if steps and any(s.draft for s in steps):
-        st = step_stats(steps)
+        st = acceptance_stats(steps)  # no step times: reading them mid-generation would wait for the device
         parts.append(f"τ {st['mean_accepted']:.2f}")
         parts.append("accepted " + histogram(st["accept_hist"]))
         parts.append("by pos " + " ".join(f"{p * 100:.0f}" for p in st["accept_by_position"][:8]))

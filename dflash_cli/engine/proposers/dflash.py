@@ -25,9 +25,9 @@ class DFlashProposer:
     def propose(self, last: int, k: int, params: SamplingParams, gen):
         logits = self.drafter.draft_logits(last, k)
         if params.greedy:
-            return logits.argmax(-1).tolist(), None
+            return logits.argmax(-1), None
         q = probabilities(logits, params)
-        return draw(q, gen).tolist(), q
+        return draw(q, gen), q
 
     def rollback(self, length: int) -> None:
         self.drafter.rollback(length)

@@ -36,10 +36,10 @@ class Eagle3Proposer:
             q = logits.new_zeros(d.c.vocab)
             q[d.draft_to_target] = probabilities(logits, params)
             rows.append(q)
-            token = int(draw(q, gen))
+            token = draw(q, gen).view(1)  # stays on the device for the next chained step
             drafts.append(token)
             pos += 1
-        return drafts, torch.stack(rows) if rows else None
+        return torch.cat(drafts), torch.stack(rows)
 
     def rollback(self, length: int) -> None:
         self.drafter.rollback(length)
