@@ -54,14 +54,16 @@ CHECK = textwrap.dedent("""
         for m, n, kk, cfg in ((1, 100, 300, None), (5, 64, 1024, (16, 256, 4)), (16, 40, 512, (32, 128, 1))):
             a, b = torch.randn(m, kk).to(dt), torch.randn(n, kk).to(dt)
             assert rel(skinny_linear(a, b, cfg), (a.float() @ b.float().T)) <= 10 * tol
-        from dflash_cli.engine.kernels.attention import attention_window
-        cases = ((1, 4, 2, 16, 300, [200]), (3, 8, 2, 16, 260, [0, 258, 259]))
-        for t, h, kv, d, s, lim in cases[: 2 if dt == torch.float32 else 1]:
-            qq, kk_, vv = (torch.randn(t, h, d).to(dt), torch.randn(s, kv, d).to(dt), torch.randn(s, kv, d).to(dt))
-            limit = torch.tensor(lim)
-            vis = torch.arange(s)[None, :] <= limit[:, None]
-            ref = ops.attention_masked(qq, kk_, vv, vis, d ** -0.5)
-            assert rel(attention_window(qq, kk_, vv, limit, d ** -0.5), ref) <= 10 * tol
+        from dflash_cli.engine.kernels import attention
+        cases = ((1, 4, 2, 16, 300, [200]), (3, 8, 2, 16, 260, [0, 258, 259]), (1, 4, 2, 16, 1024, [300]))
+        for programs, split in ((512, 256), (8, 64)):  # few programs / short splits: several splits to merge
+            attention.PROGRAMS, attention.SPLIT = programs, split
+            for t, h, kv, d, s, lim in cases if dt == torch.float32 else cases[:1]:
+                qq, kk_, vv = (torch.randn(t, h, d).to(dt), torch.randn(s, kv, d).to(dt), torch.randn(s, kv, d).to(dt))
+                limit = torch.tensor(lim)
+                vis = torch.arange(s)[None, :] <= limit[:, None]
+                ref = ops.attention_masked(qq, kk_, vv, vis, d ** -0.5)
+                assert rel(attention.attention_window(qq, kk_, vv, limit, d ** -0.5), ref) <= 10 * tol
     print("ok")
 """)
 

@@ -48,15 +48,17 @@ def test_fused_kernels_match_reference_bf16():
         assert rel(k.silu_mul(gu.cuda()), ops.silu_mul(gu)) <= 1e-2
 
 
-@pytest.mark.parametrize("t,window,causal", [(1, 1024, True), (16, 1024, True), (16, 8192, False)])
-def test_window_attention_matches_reference_bf16(t, window, causal):
+@pytest.mark.parametrize("t,window,last,causal", [
+    (1, 1024, 724, True), (1, 16384, 8300, True), (1, 2048, 1100, True), (16, 1024, 739, True),
+    (16, 8192, 7907, False)])
+def test_window_attention_matches_reference_bf16(t, window, last, causal):
     from dflash_cli.engine.kernels.attention import attention_window
 
     torch.manual_seed(1)
     bf = torch.bfloat16
     q = torch.randn(t, 32, 128, dtype=bf)
     k, v = torch.randn(window, 8, 128, dtype=bf), torch.randn(window, 8, 128, dtype=bf)
-    pos = torch.arange(window - 300, window - 300 + t)
+    pos = torch.arange(last + 1 - t, last + 1)
     limit = pos if causal else pos[-1:].expand(t).contiguous()
     ref = ops.attention_masked(q.float(), k.float(), v.float(), torch.arange(window)[None, :] <= limit[:, None],
                                128**-0.5)

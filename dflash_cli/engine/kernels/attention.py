@@ -4,7 +4,11 @@ Which keys a row sees comes from `limit` in device memory (the last visible key
 index per query row), so one compiled launch serves every position inside a CUDA
 graph. The window is cut into splits of SPLIT keys, one program per (KV head,
 split); blocks past the largest limit load nothing. A second kernel merges the
-splits' partial softmax states. All query heads of a KV group share its K/V loads.
+splits' partial softmax states, reading every split's state in vector loads (a
+loop of dependent loads cost a memory latency per split: at context 8192 that
+merge took longer than the split kernel). All query heads of a KV group share
+its K/V loads. A decode step (a few rows) splits its window into about PROGRAMS
+programs instead: the window alone must fill the GPU.
 """
 
 from __future__ import annotations
@@ -17,12 +21,21 @@ import triton.language as tl
 
 from .pdl import launch_options, start as pdl_start
 
-SPLIT = 256  # keys per program for spans of many rows (verify, drafts)
+SPLIT = 256  # most keys per program
 BLOCK_S = 64
 # Launched without PDL: at context 8192 the early-launched, waiting attention programs cost more than the
 # overlap gains (H100 plain step 5.34 ms with PDL, 4.83 without; benchmarks/2026-11-22-h100/pdl/).
 ATTENTION_PDL = os.environ.get("DFLASH_ATTENTION_PDL", "0") == "1"
-PROGRAMS = 512  # a decode step (few rows) splits its window finer: ~4 programs per SM of an H100
+# A decode step (few rows) splits its window into ~PROGRAMS programs (~4 per SM of an H100); spans of many
+# rows keep SPLIT-key splits. benchmarks/attention_sweep.py (H100, windows 2048 and 16384,
+# benchmarks/2026-11-23-h100/): for 1 row 512 programs of 64-key blocks were best (256 the same; 1024 and
+# 2048 slower, and 128-key blocks slower at 16384); for 16 rows the finer split was slower than SPLIT
+# (12.9 vs 10.9 us at 1100 keys). Cutting the visible keys evenly instead of the window was slower too.
+PROGRAMS = 512
+# One warp per merge program: its split reductions stay inside the warp. H100, split + merge per launch
+# (benchmarks/merge_warps.py): 16 rows over 1100 keys 9.00 us with 1 warp vs 10.12 with 4; 1 row over 8300
+# keys 22.43 vs 23.16.
+MERGE_WARPS = 1
 
 
 @triton.jit
@@ -69,7 +82,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
 
 @triton.jit
 def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, G: tl.constexpr, D: tl.constexpr,
-                  BLOCK_R: tl.constexpr, PDL: tl.constexpr):
+                  BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     kvh = tl.program_id(0)
     r = tl.program_id(1)
@@ -77,17 +90,22 @@ def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, 
     if t < T:
         head = kvh * G + r % G
         offs_d = tl.arange(0, D)
-        m = float("-inf")
-        for sp in range(0, NSPLIT):
-            m = tl.maximum(m, tl.load(part_ml + ((kvh * NSPLIT + sp) * BLOCK_R + r) * 2))
-        l = 0.0
+        # Every split's (max, sum) in one vector load: a loop of dependent loads costs a memory latency per
+        # split (at context 8192 that made the merge slower than the split kernel itself).
+        sp = tl.arange(0, SPLITS_P2)
+        rows = (kvh * NSPLIT + sp) * BLOCK_R + r
+        ms = tl.load(part_ml + rows * 2, mask=sp < NSPLIT, other=float("-inf"))
+        m = tl.max(ms, axis=0)
+        w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
+        l = tl.sum(tl.load(part_ml + rows * 2 + 1, mask=sp < NSPLIT, other=0.0) * w, axis=0)
         acc = tl.zeros((D,), tl.float32)
-        for sp in range(0, NSPLIT):
-            row = (kvh * NSPLIT + sp) * BLOCK_R + r
-            ms = tl.load(part_ml + row * 2)
-            w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
-            l += tl.load(part_ml + row * 2 + 1) * w
-            acc += tl.load(part_o + row * D + offs_d) * w
+        for c in range(0, SPLITS_P2 // CHUNK):  # the partial outputs, CHUNK splits per load
+            cs = c * CHUNK + tl.arange(0, CHUNK)
+            crow = (kvh * NSPLIT + cs) * BLOCK_R + r
+            cm = tl.load(part_ml + crow * 2, mask=cs < NSPLIT, other=float("-inf"))
+            cw = tl.where(cm == float("-inf"), 0.0, tl.exp(cm - m))
+            o = tl.load(part_o + crow[:, None] * D + offs_d[None, :], mask=(cs < NSPLIT)[:, None], other=0.0)
+            acc += tl.sum(o * cw[:, None], axis=0)
         tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
 
 
@@ -116,6 +134,8 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                                 G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                                 **launch_options(q.device, ATTENTION_PDL))
+    splits_p2 = triton.next_power_of_2(nsplit)
     _merge_kernel[(kv, t * g)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, BLOCK_R=block_r,
+                               SPLITS_P2=splits_p2, CHUNK=min(splits_p2, 16), num_warps=MERGE_WARPS,
                                **launch_options(q.device, ATTENTION_PDL))
     return out
