@@ -96,10 +96,15 @@ def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos
 
 def project_kv(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config):
     """Keys/values only (normed k, no RoPE) — for context rows that never query."""
-    d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    w = layer.qkv[nh * d :]
+    d, nh = cfg.head_dim, cfg.num_attention_heads
     b = layer.qkv_bias[nh * d :] if layer.qkv_bias is not None else None
-    k, v = ops.linear(x, w, b).split([nkv * d, nkv * d], dim=-1)
+    return split_kv(layer, ops.linear(x, layer.qkv[nh * d :], b), cfg)
+
+
+def split_kv(layer: DecoderLayer, kv: torch.Tensor, cfg: Qwen3Config):
+    """A layer's projected [T, 2*KV*D] keys|values -> (normed k [T, KV, D], v [T, KV, D])."""
+    d, nkv = cfg.head_dim, cfg.num_key_value_heads
+    k, v = kv.split([nkv * d, nkv * d], dim=-1)
     k = ops.rms_norm(k.reshape(-1, nkv, d), layer.k_norm, cfg.rms_norm_eps)
     return k, v.reshape(-1, nkv, d)
 

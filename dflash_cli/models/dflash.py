@@ -21,7 +21,7 @@ from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, mlp_block, project_kv, self_attention
+from .decoder import DecoderLayer, layer_shapes, mlp_block, project_kv, self_attention, split_kv
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -85,6 +85,7 @@ class DFlashDrafter:
         self.capture = tuple(i + 1 for i in c.target_layer_ids)
         self.cache: KVCache | None = None
         self.graphs = self.fast = self.fast_absorb = None
+        self.ctx_kv: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self.ctx_len = 0
 
     @classmethod
@@ -124,7 +125,8 @@ class DFlashDrafter:
                 return self._block_logits(ids, span)
 
             def absorb(hidden, start, window):
-                self.context_rows(hidden, StaticSpan(self.cache, start, hidden.shape[0], window, self.cos, self.sin))
+                span = StaticSpan(self.cache, start, hidden.shape[0], window, self.cos, self.sin)
+                self.context_rows(hidden, span, stacked=True)
 
             self.graphs = (Graphs(fn, self.device, self.cache.max_len, use),
                            Graphs(absorb, self.device, self.cache.max_len, use))
@@ -145,12 +147,28 @@ class DFlashDrafter:
             self.context_rows(hidden, Span(self.cache, start, n, self.cos, self.sin))
         self.ctx_len = start + n
 
-    def context_rows(self, hidden: torch.Tensor, span) -> None:
-        """Project target states into each layer's context keys/values and write them through `span`."""
+    def context_rows(self, hidden: torch.Tensor, span, stacked: bool = False) -> None:
+        """Project target states into each layer's context keys/values and write them through `span`.
+
+        stacked: every layer's k/v projection as one product over a stacked copy of their weights (made on
+        first use). Per step a few rows are absorbed, and one weight stream beats 2 x layers small ones."""
         m = self.cfg
         ctx = ops.rms_norm(ops.linear(hidden, self.fc), self.hidden_norm, m.rms_norm_eps)
+        if not stacked:  # training runs this path: its parameters are the layers' own tensors
+            for i, layer in enumerate(self.layers):
+                k, v = project_kv(layer, ctx, m)
+                span.write(i, ops.apply_rope(k, span.cos, span.sin), v)
+            return
+        if self.ctx_kv is None:
+            q_rows = m.num_attention_heads * m.head_dim
+            bias = None
+            if self.layers[0].qkv_bias is not None:
+                bias = torch.cat([layer.qkv_bias[q_rows:] for layer in self.layers])
+            self.ctx_kv = (torch.cat([layer.qkv[q_rows:] for layer in self.layers]), bias)
+        kv = ops.linear(ctx, *self.ctx_kv)
+        width = kv.shape[-1] // len(self.layers)
         for i, layer in enumerate(self.layers):
-            k, v = project_kv(layer, ctx, m)
+            k, v = split_kv(layer, kv[:, i * width : (i + 1) * width], m)
             span.write(i, ops.apply_rope(k, span.cos, span.sin), v)
 
     def draft_logits(self, last: int, n_draft: int) -> torch.Tensor:
