@@ -21,7 +21,8 @@ from dflash_cli.engine.kernels.skinny_gemm import skinny_linear as triton_linear
 
 SHAPES = {  # name: (N, K)
     "qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728),
-    "lm_head": (151936, 2560), "dflash_fc": (2560, 12800), "eagle_qkv": (6144, 5120),
+    "lm_head": (151936, 2560), "dflash_fc": (2560, 12800), "dflash_ctx_kv": (10240, 2560),
+    "eagle_qkv": (6144, 5120),
 }
 
 
@@ -56,7 +57,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--json")
-    ap.add_argument("--ms", default="1,2,8,16")
+    ap.add_argument("--ms", default="1,8,16")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")

@@ -2,6 +2,8 @@
 
 Times graph replays of the decode step (1 row) and a 16-row verify, then profiles the same static forwards
 run eagerly (kernel durations, not launch gaps) and a DFlash draft, listing kernels by total time per step.
+Last, whole forced-acceptance DFlash steps as the bench runs them (graphs): wall time per step against the
+time the GPU is busy, so the host's share of a step (launches, the one sync, Python) is measured.
 """
 
 import os
@@ -44,11 +46,73 @@ def profile(fn, steps, label):
         print(f"  {us:8.1f} us  {n:5.0f}x  {us / n:6.1f} us/launch  {key[:90]}")
 
 
+def busy_us(prof) -> tuple[float, float, list[float]]:
+    """(union of GPU kernel/copy intervals, their span, the gaps between them) in microseconds."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.time_range.end > 0)
+    if not spans:
+        return 0.0, 1.0, []
+    busy, gaps = 0.0, []
+    cur_s, cur_e = spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            gaps.append(s - cur_e)
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    return busy, spans[-1][1] - spans[0][0], gaps
+
+
+def spec_steps(model, drafter, tau=6.0, new=128):
+    """Forced-acceptance DFlash generations through the real driver, on graphs."""
+    from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
+    from dflash_cli.engine.generation import Request, generate
+    from dflash_cli.engine.proposers.dflash import DFlashProposer
+    from dflash_cli.engine.sampling import SamplingParams
+    from dflash_cli.engine.session import Session
+
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
+    seq = prompt + torch.randint(0, 1000, (new + 64,), generator=g).tolist()
+    session = Session(model, CTX + new + 64, "graphs")
+    decoder = ForcedDecoder(ForcedAcceptance(DFlashProposer(drafter), seq, tau, model.cfg.vocab_size), None)
+
+    def run():
+        session.reset()
+        decoder.proposer.reset(session.max_len, session.path)
+        return generate(session, decoder, Request(prompt, SamplingParams(), new))
+
+    run()  # captures
+    res = run()
+    n = len(res.steps)
+    draft = sum(s.draft_s for s in res.steps) / n * 1000
+    verify = sum(s.verify_s for s in res.steps) / n * 1000
+    print(f"\nDFlash steps (graphs, forced tau {tau}): {n} steps, wall {res.decode_s / n * 1000:.3f} ms/step "
+          f"(draft {draft:.3f}, verify+accept+absorb {verify:.3f}), {res.decode_tok_per_s:.1f} tok/s")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        res = run()
+    busy, span, gaps = busy_us(prof)
+    n = len(res.steps) + 1
+    big = sorted(gaps, reverse=True)
+    print(f"  profiled run: GPU busy {busy / n / 1000:.3f} of {span / n / 1000:.3f} ms per step "
+          f"({100 * busy / span:.1f}%); idle gaps per step {len(gaps) / n:.1f}, "
+          f"largest {', '.join(f'{x:.0f}' for x in big[:6])} us")
+    rows = [(e.device_time_total / n, e.count / n, e.key) for e in prof.key_averages()
+            if e.device_time_total > 0 and e.device_time_total / max(e.count, 1) < 200]
+    rows.sort(reverse=True)
+    print("  kernels per step (incl. graph nodes):")
+    for us, c, key in rows[:14]:
+        print(f"  {us:8.1f} us  {c:5.1f}x  {key[:90]}")
+
+
 def main():
     torch.manual_seed(0)
     model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
     drafter = random_drafter("qwen3-4b", "dflash", model)
-    cache = model.new_cache(CTX + 256)
+    cache = model.new_cache(8 * CTX + 256)  # room for the ctx-8x decode timings
     ids = torch.randint(0, 1000, (CTX,), device="cuda")
     out = model.forward(ids, 0, cache, capture=drafter.capture)
     graphs = target_graphs(model, cache, use_graphs=True)
@@ -57,6 +121,7 @@ def main():
     span = lambda: graphs(list(range(16)), CTX, drafter.capture, True)  # noqa: E731
     print(f"device {torch.cuda.get_device_name()}  ctx {CTX}")
     print(f"graph replay: decode {replay_ms(one):.3f} ms, verify 16 rows {replay_ms(span):.3f} ms")
+    print(f"graph replay: decode at ctx {8 * CTX}: {replay_ms(lambda: graphs([5], 8 * CTX, (), False)):.3f} ms")
     profile(lambda: static([5], CTX, (), False), 5, "decode step (eager static)")
     profile(lambda: static(list(range(16)), CTX, drafter.capture, True), 5, "verify 16 rows (eager static)")
     drafter.reset(CTX + 256, "graphs")
@@ -66,6 +131,7 @@ def main():
     drafter.reset(CTX + 256, "static")
     drafter.absorb(out.hidden, 0)
     profile(draft, 5, "DFlash draft (eager static)")
+    spec_steps(model, drafter)
 
 
 if __name__ == "__main__":

@@ -60,8 +60,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 _GEMM = os.environ.get("DFLASH_GEMM", "auto")  # auto | cublas | triton (comparisons)
-# Rows up to which auto uses the CUDA kernel: at 16 rows cuBLAS's tensor-core GEMMs are faster (H100:
-# verify 4.83 ms with cuBLAS vs 5.42 with the CUDA kernel, benchmarks/2026-11-22-h100/pdl_*).
+# Rows up to which auto uses the CUDA kernel. At 16 rows x costs the kernel as many loads as W and cuBLAS's
+# tensor-core GEMMs are faster (H100: qkv 19.3 vs 14.3 us). At 8 rows it matches or beats cuBLAS per product
+# (qkv 12.4 vs 14.1 us), but routing EAGLE-3's verify and the DFlash context update to it did not show in
+# the bench (DFlash 1044 vs 1055 tok/s, EAGLE-3 805 vs 822, same run; benchmarks/2026-11-23-h100/).
 _GEMM_MAX_M = int(os.environ.get("DFLASH_GEMM_MAX_M", "1"))
 _cuda_gemm = None  # csrc/skinny_gemm.cu once built, False where unavailable
 VOCAB_ROWS = 32768  # weights this tall are vocabulary heads

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, the attention split sweep, the step profile (replays, per-kernel times, whole
+# DFlash steps), then the synthetic bench at ctx 1024 (as built; CUDA GEMM for 1-row products only; cuBLAS
+# and no PDL) and at ctx 8192, and a 2048-token prefill. One log (all.log) plus JSON.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+exec > >(tee "$OUT/all.log") 2>&1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"}
+[ -n "$SWEEP" ] && timeout 60 python benchmarks/attention_sweep.py
+timeout 120 python benchmarks/step_profile.py
+[ -n "$GEMM_TABLE" ] && timeout 120 python benchmarks/gemm_bench.py --ms 1,8,16 --json "$OUT/gemm.json"
+bench() {  # name ctx drafts max_tokens [env...]
+  local name=$1 ctx=$2 drafts=$3 tokens=$4; shift 4
+  echo "=== bench $name: ctx $ctx $*"
+  env "$@" timeout 150 python -m dflash_cli bench --model qwen3-4b --synthetic --synthetic-tau 6 --draft "$drafts" \
+    --synthetic-prompt-len "$ctx" --max-tokens "$tokens" --json "$OUT/bench_$name.json" 2>&1 | tail -9
+}
+bench ctx1024 1024 dflash,eagle3 128
+bench ctx1024_gemm_m1 1024 dflash,eagle3 128 DFLASH_GEMM_MAX_M=1
+[ -n "$BASELINE" ] && bench ctx1024_cublas_nopdl 1024 dflash,eagle3 128 DFLASH_GEMM=cublas DFLASH_PDL=0
+bench ctx8192 8192 dflash,eagle3 128
+bench prefill2048 2048 none 8
