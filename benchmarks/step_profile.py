@@ -4,6 +4,7 @@ Times graph replays of the decode step (1 row) and a 16-row verify, then profile
 run eagerly (kernel durations, not launch gaps) and a DFlash draft, listing kernels by total time per step.
 Last, whole forced-acceptance DFlash steps as the bench runs them (graphs): wall time per step against the
 time the GPU is busy, so the host's share of a step (launches, the one sync, Python) is measured.
+REPLAYS_ONLY=1 stops after the graph replays (for A/B runs of a switch).
 """
 
 import os
@@ -122,12 +123,14 @@ def main():
     print(f"device {torch.cuda.get_device_name()}  ctx {CTX}")
     print(f"graph replay: decode {replay_ms(one):.3f} ms, verify 16 rows {replay_ms(span):.3f} ms")
     print(f"graph replay: decode at ctx {8 * CTX}: {replay_ms(lambda: graphs([5], 8 * CTX, (), False)):.3f} ms")
-    profile(lambda: static([5], CTX, (), False), 5, "decode step (eager static)")
-    profile(lambda: static(list(range(16)), CTX, drafter.capture, True), 5, "verify 16 rows (eager static)")
     drafter.reset(CTX + 256, "graphs")
     drafter.absorb(out.hidden, 0)
     draft = lambda: drafter.draft_logits(5, 15)  # noqa: E731
     print(f"graph replay: DFlash draft {replay_ms(draft):.3f} ms")
+    if os.environ.get("REPLAYS_ONLY") == "1":  # A/B runs of a switch: the replays are the figures
+        return
+    profile(lambda: static([5], CTX, (), False), 5, "decode step (eager static)")
+    profile(lambda: static(list(range(16)), CTX, drafter.capture, True), 5, "verify 16 rows (eager static)")
     drafter.reset(CTX + 256, "static")
     drafter.absorb(out.hidden, 0)
     profile(draft, 5, "DFlash draft (eager static)")
