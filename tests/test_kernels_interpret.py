@@ -42,8 +42,9 @@ CHECK = textwrap.dedent("""
         kc, vc = torch.zeros(12, 2, 16).to(dt), torch.zeros(12, 2, 16).to(dt)
         kc_ref, vc_ref = kc.clone(), vc.clone()
         pos = torch.tensor([5, 6, 7])
-        got_q2 = k.qk_norm_rope_write(q, kk4, vv4, wq, wk, 1e-6, c, s, kc, vc, pos)
-        ref_q2 = ops.qk_norm_rope_write(q, kk4, vv4, wq, wk, 1e-6, c, s, kc_ref, vc_ref, pos)
+        got_q2 = k.qk_norm_rope_write(q, kk4, vv4, wq, wk, 1e-6, cos, sin, kc, vc, pos)  # whole tables
+        ref_q2 = ops.qk_norm_rope_write(q, kk4, vv4, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos)
+        assert rel(got_q2, ops.apply_rope(ops.rms_norm(q, wq, 1e-6), c, s)) <= tol
         assert rel(got_q2, ref_q2) <= tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref)
         assert kc[:5].abs().sum() == 0 and kc[8:].abs().sum() == 0  # only the span's rows are written
         hh, delta = torch.randn(3, 96).to(dt), torch.randn(3, 96).to(dt)
@@ -54,6 +55,9 @@ CHECK = textwrap.dedent("""
         for m, n, kk, cfg in ((1, 100, 300, None), (5, 64, 1024, (16, 256, 4)), (16, 40, 512, (32, 128, 1))):
             a, b = torch.randn(m, kk).to(dt), torch.randn(n, kk).to(dt)
             assert rel(skinny_linear(a, b, cfg), (a.float() @ b.float().T)) <= 10 * tol
+        a, b = torch.randn(3, 512).to(dt), torch.randn(40, 512).to(dt)
+        wide = skinny_linear(a, b, out_dtype=torch.float32)  # logits: rounded to dt, stored as float32
+        assert wide.dtype == torch.float32 and torch.equal(wide, skinny_linear(a, b).float())
         from dflash_cli.engine.kernels import attention
         cases = ((1, 4, 2, 16, 300, [200]), (3, 8, 2, 16, 260, [0, 258, 259]), (1, 4, 2, 16, 1024, [300]))
         for programs, split in ((512, 256), (8, 64)):  # few programs / short splits: several splits to merge

@@ -59,6 +59,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """float32 logits of x over a vocabulary head: linear(x, weight).float(), with the vocabulary head's
+    kernel writing them widened itself (no conversion kernel over [rows, vocab] after it)."""
+    if weight.shape[0] >= VOCAB_ROWS and (gemm := fast_gemm(x, weight)) is not None:
+        return gemm(x, weight, out_dtype=torch.float32)
+    return linear(x, weight).float()
+
+
 _GEMM = os.environ.get("DFLASH_GEMM", "auto")  # auto | cublas | triton (comparisons)
 # Rows up to which auto uses the CUDA kernel. At 16 rows x costs the kernel as many loads as W and cuBLAS's
 # tensor-core GEMMs are faster (H100: qkv 19.3 vs 14.3 us). At 8 rows it matches or beats cuBLAS per product
@@ -124,12 +132,14 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
 
 
 def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions):
-    """qk_norm_rope, then k and v stored in one layer's cache [max_len, KV, D] at `positions` (device
-    int64 [T]); returns q. One kernel on the GPU instead of three."""
+    """qk_norm_rope at `positions` (device int64 [T]; cos/sin are the whole tables [max_positions, D]), then
+    k and v stored in one layer's cache [max_len, KV, D] at them; returns q. One kernel on the GPU instead of
+    five (two table gathers, the norm + RoPE, two cache writes)."""
     if ((kk := fast_kernels(q)) and q.dtype == q_weight.dtype == k_cache.dtype and k.stride(-1) == 1
             and v.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
             and _rope_kernel_fits(q, cos, sin)):
         return kk.qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions)
+    cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
     q, k = qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
     k_cache.index_copy_(0, positions, k)
     v_cache.index_copy_(0, positions, v)

@@ -8,6 +8,8 @@ CUDA graph and replayed at any position.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import ops
@@ -33,9 +35,17 @@ class StaticSpan:
         """start: device int64 scalar tensor; window: how many cache rows attention reads (>= start + rows)."""
         self.cache, self.window = cache, window
         self.positions = start + torch.arange(rows, device=start.device)
-        self.cos, self.sin = cos.index_select(0, self.positions), sin.index_select(0, self.positions)
+        self.tables = cos, sin  # whole: the fused kernel reads them at the positions
         # The last key each row sees: itself (causal) or the span's last row (a non-causal block).
         self.limit = self.positions if causal else self.positions[-1:].expand(rows).contiguous()
+
+    @functools.cached_property
+    def cos(self) -> torch.Tensor:  # the rows' own [T, D], gathered only where a caller rotates by itself
+        return self.tables[0].index_select(0, self.positions)
+
+    @functools.cached_property
+    def sin(self) -> torch.Tensor:
+        return self.tables[1].index_select(0, self.positions)
 
     def write(self, layer: int, k, v) -> None:
         self.cache.k[layer].index_copy_(0, self.positions, k)
@@ -48,7 +58,7 @@ class StaticSpan:
     def attend_fresh(self, layer: int, q, k, v, q_norm, k_norm, eps: float, scale: float) -> torch.Tensor:
         """q/k straight from the projection: normalise, rotate, write k/v and attend (the norm, RoPE
         and cache write are one kernel on the GPU)."""
-        q = ops.qk_norm_rope_write(q, k, v, q_norm, k_norm, eps, self.cos, self.sin, self.cache.k[layer],
+        q = ops.qk_norm_rope_write(q, k, v, q_norm, k_norm, eps, *self.tables, self.cache.k[layer],
                                    self.cache.v[layer], self.positions)
         return self._attend_cache(layer, q, scale)
 

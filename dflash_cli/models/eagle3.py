@@ -220,7 +220,7 @@ class Eagle3Drafter:
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of pre-norm outputs."""
-        return ops.linear(ops.rms_norm(out, self.norm, self.c.eps), self.lm_head).float()
+        return ops.logits(ops.rms_norm(out, self.norm, self.c.eps), self.lm_head)
 
     def chain_step(self, pos: int, state: torch.Tensor, token) -> tuple[torch.Tensor, torch.Tensor]:
         """One chained row at `pos` fed `token` (an id, or a device tensor of one):

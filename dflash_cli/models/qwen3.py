@@ -79,7 +79,7 @@ class Qwen3Model:
         return KVCache.allocate(c.num_hidden_layers, max_len, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return ops.linear(ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps), self.lm_head).float()
+        return ops.logits(ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps), self.lm_head)
 
     def forward(
         self,
@@ -117,5 +117,5 @@ class Qwen3Model:
             if i + 1 in capture:
                 captured[i + 1] = h
         hidden = torch.cat([captured[j] for j in capture], dim=-1) if capture else None
-        logits = ops.linear(x if all_logits else x[-1:], self.lm_head).float()
+        logits = ops.logits(x if all_logits else x[-1:], self.lm_head)
         return ForwardOut(logits=logits, hidden=hidden)

@@ -125,10 +125,12 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
         w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
         y1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
         y2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
-        c1 = tl.load(cos_ptr + t * D + offs).to(dt).to(tl.float32)
-        c2 = tl.load(cos_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
-        s1 = tl.load(sin_ptr + t * D + offs).to(dt).to(tl.float32)
-        s2 = tl.load(sin_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
+        # With WRITE the tables are whole ([max_positions, D]) and read at the row's position: no gather
+        # kernel ahead of this one; without, they are the rows' own [T, D].
+        c1 = tl.load(cos_ptr + row_out * D + offs).to(dt).to(tl.float32)
+        c2 = tl.load(cos_ptr + row_out * D + HALF + offs).to(dt).to(tl.float32)
+        s1 = tl.load(sin_ptr + row_out * D + offs).to(dt).to(tl.float32)
+        s2 = tl.load(sin_ptr + row_out * D + HALF + offs).to(dt).to(tl.float32)
         o1 = (y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)
         o2 = (y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)
         tl.store(dst + offs, o1.to(dt))
@@ -154,7 +156,8 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
 
 
 def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions):
-    """As qk_norm_rope, with k and v stored into the cache rows [max_len, KV, D] at `positions`; returns q."""
+    """As qk_norm_rope, with k and v stored into the cache rows [max_len, KV, D] at `positions`; returns q.
+    cos/sin are the whole tables [max_positions, D], read at `positions`."""
     t, h, d = q.shape
     kv = k.shape[1]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and cos.is_contiguous()

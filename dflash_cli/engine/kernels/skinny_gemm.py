@@ -38,7 +38,8 @@ def _skinny_kernel(x_ptr, w_ptr, out_ptr, M, N, K, K_PER: tl.constexpr, stride_x
     if ATOMIC:
         tl.atomic_add(out, acc, mask=mask)
     else:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        # rounded to x's dtype first: a float32 output holds what the bf16 product widened would
+        tl.store(out, acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def config_for(n: int, k: int) -> tuple[int, int, int]:
@@ -51,7 +52,10 @@ def config_for(n: int, k: int) -> tuple[int, int, int]:
     return block_n, 256, split
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None = None,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """out_dtype float32: the product rounded to x's dtype and stored widened (logits for sampling) in the
+    same kernel, no conversion after it."""
     m, k = x.shape
     n = w.shape[0]
     assert m <= 16 and w.shape[1] == k and x.is_contiguous() and w.is_contiguous()
@@ -59,10 +63,13 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int]
     if split > 1:
         out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
     else:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     grid = (triton.cdiv(n, block_n), split)
     k_per = triton.cdiv(k, split * block_k) * block_k
     _skinny_kernel[grid](x, w, out, m, n, k, k_per, x.stride(0), w.stride(0), out.stride(0),
                          BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, ATOMIC=split > 1,
                          **launch_options(x.device))
-    return out.to(x.dtype) if split > 1 else out
+    if split > 1:
+        out = out.to(x.dtype)
+        return out if out_dtype in (None, x.dtype) else out.to(out_dtype)
+    return out
