@@ -107,9 +107,3 @@ def split_kv(layer: DecoderLayer, kv: torch.Tensor, cfg: Qwen3Config):
     k, v = kv.split([nkv * d, nkv * d], dim=-1)
     k = ops.rms_norm(k.reshape(-1, nkv, d), layer.k_norm, cfg.rms_norm_eps)
     return k, v.reshape(-1, nkv, d)
-
-
-def mlp_block(layer: DecoderLayer, h: torch.Tensor, eps: float) -> torch.Tensor:
-    """Residual MLP half of the layer: h + down(silu(gate) * up)(norm(h))."""
-    x = ops.rms_norm(h, layer.post_norm, eps)
-    return h + ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down)

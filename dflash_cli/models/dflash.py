@@ -21,7 +21,7 @@ from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, mlp_block, project_kv, self_attention, split_kv
+from .decoder import DecoderLayer, layer_shapes, project_kv, self_attention, split_kv
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -190,16 +190,23 @@ class DFlashDrafter:
         h = self.target.embed[block]
         if c.embedding_scale != 1.0:
             h = h * c.embedding_scale
+        eps, last = m.rms_norm_eps, len(self.layers) - 1
+        x = ops.rms_norm(h, self.layers[0].input_norm, eps)
+        # Each residual add but the last is fused with the norm that follows it (one kernel on the GPU).
         for i, layer in enumerate(self.layers):
-            x = ops.rms_norm(h, layer.input_norm, m.rms_norm_eps)
-            h = h + ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o)
-            h = mlp_block(layer, h, m.rms_norm_eps)
-        return h
+            h, x = ops.add_rms_norm(h, ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o),
+                                    layer.post_norm, eps)
+            mlp = ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down)
+            if i == last:
+                return h + mlp
+            h, x = ops.add_rms_norm(h, mlp, self.layers[i + 1].input_norm, eps)
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
         m, c = self.cfg, self.c
         h = ops.rms_norm(h, self.norm, m.rms_norm_eps)
-        logits = ops.linear(h, self.target.lm_head).float() * c.output_multiplier
+        logits = ops.logits(h, self.target.lm_head)
+        if c.output_multiplier != 1.0:
+            logits = logits * c.output_multiplier
         if c.softcap:
             logits = torch.tanh(logits / c.softcap) * c.softcap
         return logits
