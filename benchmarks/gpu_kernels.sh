@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the attention split sweep, the step profile (replays, per-kernel times, whole
-# DFlash steps), then the synthetic bench at ctx 1024 (as built; CUDA GEMM for 1-row products only; cuBLAS
-# and no PDL) and at ctx 8192, and a 2048-token prefill. One log (all.log) plus JSON.
+# DFlash steps), then the synthetic bench at ctx 1024 (as built; with BASELINE also cuBLAS and no PDL) and at
+# ctx 8192, and a 2048-token prefill. One log (all.log) plus JSON.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,7 +18,6 @@ bench() {  # name ctx drafts max_tokens [env...]
     --synthetic-prompt-len "$ctx" --max-tokens "$tokens" --json "$OUT/bench_$name.json" 2>&1 | tail -9
 }
 bench ctx1024 1024 dflash,eagle3 128
-bench ctx1024_gemm_m1 1024 dflash,eagle3 128 DFLASH_GEMM_MAX_M=1
 [ -n "$BASELINE" ] && bench ctx1024_cublas_nopdl 1024 dflash,eagle3 128 DFLASH_GEMM=cublas DFLASH_PDL=0
 bench ctx8192 8192 dflash,eagle3 128
 bench prefill2048 2048 none 8
