@@ -69,10 +69,10 @@ def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 _GEMM = os.environ.get("DFLASH_GEMM", "auto")  # auto | cublas | triton (comparisons)
 # Rows up to which auto uses the CUDA kernel. At 16 rows x costs the kernel as many loads as W and cuBLAS's
-# tensor-core GEMMs are faster (H100: qkv 19.3 vs 14.3 us). At 8 rows it matches or beats cuBLAS per product
-# (qkv 12.4 vs 14.1 us), but routing EAGLE-3's verify and the DFlash context update to it did not show in
-# the bench (DFlash 1044 vs 1055 tok/s, EAGLE-3 805 vs 822, same run; benchmarks/2026-11-23-h100/).
-_GEMM_MAX_M = int(os.environ.get("DFLASH_GEMM_MAX_M", "1"))
+# tensor-core GEMMs are faster per product (H100: qkv 17.5 vs 14.9 us). Up to 8 rows the kernel wins, most in
+# the step's graph: an 8-row verify (EAGLE-3's chain of 7) replays in 3.65 ms against 4.13 with cuBLAS,
+# EAGLE-3 890 vs 782 tok/s and DFlash 1075 vs 1028 in one run (benchmarks/2026-11-23-h100/m8/).
+_GEMM_MAX_M = int(os.environ.get("DFLASH_GEMM_MAX_M", "8"))
 _cuda_gemm = None  # csrc/skinny_gemm.cu once built, False where unavailable
 VOCAB_ROWS = 32768  # weights this tall are vocabulary heads
 

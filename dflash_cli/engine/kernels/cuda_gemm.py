@@ -150,10 +150,11 @@ def plan(m: int, n: int, k: int) -> tuple[int, int, int]:
     """(warps per block, K splits over blocks, unroll): enough warps in flight to cover every SM."""
     tiles, chunks = n // 8, k // 32
     warps, splits = 4, 1
-    # More warps on a tile before K splits over blocks: the warps add up in shared memory, the splits through
-    # a workspace. H100 (benchmarks/gemm_bench.py --tune, 2026-11-23-h100/tiles/): o_proj 9.0 us with 8 warps
-    # and no split vs 10.5 with 4 warps and 2 splits; down 20.6 vs 22.6. Decode replay 3.63 -> 3.44 ms.
-    if tiles * warps < 132 * 16 and chunks // (2 * warps) >= 8:
+    # Up to 8 rows, more warps on a tile before K splits over blocks: the warps add up in shared memory, the
+    # splits through a workspace. H100 (benchmarks/gemm_bench.py --tune, 2026-11-23-h100/tiles/): o_proj 9.0 us
+    # with 8 warps and no split vs 10.5 with 4 warps and 2 splits; down 20.6 vs 22.6; decode replay 3.63 ->
+    # 3.44 ms. At 16 rows (x loads doubled) 8 warps lose: o 14.6 vs 12.1 us.
+    if m <= 8 and tiles * warps < 132 * 16 and chunks // (2 * warps) >= 8:
         warps = 8
     while tiles * splits * warps < 132 * 16 and chunks // (splits * 2 * warps) >= 8 \
             and splits * 2 * 16 * n <= WS_FLOATS:
