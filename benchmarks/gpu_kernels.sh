@@ -17,6 +17,9 @@ bench() {  # name ctx drafts max_tokens [env...]
   env "$@" timeout 150 python -m dflash_cli bench --model qwen3-4b --synthetic --synthetic-tau 6 --draft "$drafts" \
     --synthetic-prompt-len "$ctx" --max-tokens "$tokens" --json "$OUT/bench_$name.json" 2>&1 | tail -9
 }
+# The first bench process of a call measured EAGLE-3 lower than later ones (700-782 vs 770-890 tok/s, same
+# build, 2026-11-23-h100/): it runs twice and the second is the one to read.
+bench ctx1024_first 1024 dflash,eagle3 128
 bench ctx1024 1024 dflash,eagle3 128
 [ -n "$BASELINE" ] && bench ctx1024_cublas_nopdl 1024 dflash,eagle3 128 DFLASH_GEMM=cublas DFLASH_PDL=0
 bench ctx8192 8192 dflash,eagle3 128
