@@ -9,19 +9,14 @@ exec > >(tee "$OUT/all.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider -k "${PYTEST_K:-kernels or graphs}"
 [ -n "$GEMM_TABLE" ] && timeout 120 python benchmarks/gemm_bench.py --ms "$GEMM_TABLE" --json "$OUT/gemm.json"
-bench() {  # name ctx [env...]
-  local name=$1 ctx=$2; shift 2
-  echo "=== bench $name: ctx $ctx $*"
-  env "$@" timeout 150 python -m dflash_cli bench --model qwen3-4b --synthetic --synthetic-tau 6 \
-    --draft dflash,eagle3 --synthetic-prompt-len "$ctx" --max-tokens 128 --json "$OUT/bench_$name.json" 2>&1 | tail -8
-}
+. "$(dirname "$0")/bench_fn.sh"
 for round in 1 2; do  # two rounds, interleaved: host noise shows as the spread between them
   for v in "as_built:" $VARIANTS; do
     name=${v%%:*}; envs=${v#*:}
     echo "=== replays $name (round $round): ${envs//,/ }"
     env ${envs//,/ } REPLAYS_ONLY=1 timeout 90 python benchmarks/step_profile.py 2>&1 | grep "graph replay"
-    [ "$round" = 1 ] && bench "ctx1024_$name" 1024 ${envs//,/ }
+    [ "$round" = 1 ] && bench "ctx1024_$name" 1024 dflash,eagle3 128 ${envs//,/ }
   done
 done
 timeout 150 python benchmarks/step_profile.py 2>&1 | grep -v Warning
-bench ctx8192 8192
+bench ctx8192 8192 dflash,eagle3 128

@@ -11,12 +11,7 @@ timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider ${PYTEST
 [ -n "$SWEEP" ] && timeout 60 python benchmarks/attention_sweep.py
 timeout 120 python benchmarks/step_profile.py
 [ -n "$GEMM_TABLE" ] && timeout 120 python benchmarks/gemm_bench.py --ms 1,8,16 --json "$OUT/gemm.json"
-bench() {  # name ctx drafts max_tokens [env...]
-  local name=$1 ctx=$2 drafts=$3 tokens=$4; shift 4
-  echo "=== bench $name: ctx $ctx $*"
-  env "$@" timeout 150 python -m dflash_cli bench --model qwen3-4b --synthetic --synthetic-tau 6 --draft "$drafts" \
-    --synthetic-prompt-len "$ctx" --max-tokens "$tokens" --json "$OUT/bench_$name.json" 2>&1 | tail -9
-}
+. "$(dirname "$0")/bench_fn.sh"
 # The first bench process of a call measured EAGLE-3 lower than later ones (700-782 vs 770-890 tok/s, same
 # build, 2026-11-23-h100/): it runs twice and the second is the one to read.
 bench ctx1024_first 1024 dflash,eagle3 128
