@@ -51,8 +51,20 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// silu(gate) * up rounded as the unfused path rounds: the GEMM's bf16 outputs, then silu in bf16, then the product.
+__device__ __forceinline__ __nv_bfloat162 swiglu2(float g0, float g1, float u0, float u1) {
+  g0 = round_bf16(g0); g1 = round_bf16(g1);
+  const float s0 = round_bf16(g0 / (1.f + __expf(-g0))), s1 = round_bf16(g1 / (1.f + __expf(-g1)));
+  return __floats2bfloat162_rn(s0 * round_bf16(u0), s1 * round_bf16(u1));
+}
+
 // HIGH: tokens 8..15 exist (M > 8); otherwise the upper half of A is zeros and never loaded.
-template <bool HIGH, int U>
+// SWIGLU: W is [gate; up] (N rows, N/2 each) and out is silu(x @ gate^T) * (x @ up^T) [M, N/2]: tile j reads
+// gate rows 4j..4j+3 as its columns 0..3 and the matching up rows as 4..7, so lanes t and t + 2 of a quad
+// hold a gate and its up after the reduction, and the activation costs no kernel of its own.
+template <bool HIGH, int U, bool SWIGLU>
 __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                             __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
                                             int* __restrict__ counters, int M, int N, int K) {
@@ -63,7 +75,8 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
   const int chunks = K >> 5, parts = splits * nw, part = split * nw + warp;
   const int c0 = (int)((long long)chunks * part / parts), c1 = (int)((long long)chunks * (part + 1) / parts);
 
-  const __nv_bfloat16* wrow = w + (size_t)(tile * 8 + g) * K + t * 8;
+  const int wr = SWIGLU ? (g < 4 ? tile * 4 + g : (N >> 1) + tile * 4 + g - 4) : tile * 8 + g;
+  const __nv_bfloat16* wrow = w + (size_t)wr * K + t * 8;
   const bool lo_ok = g < M, hi_ok = HIGH && g + 8 < M;
   const __nv_bfloat16* xlo = x + (size_t)(lo_ok ? g : 0) * K + t * 8;
   const __nv_bfloat16* xhi = x + (size_t)(hi_ok ? g + 8 : 0) * K + t * 8;
@@ -143,6 +156,17 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     }
     if (lane == 0) counters[tile] = 0;
   }
+  if (SWIGLU) {
+    float up[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);  // lane t < 2 gets t + 2's
+    if (t >= 2) return;
+    const int half = N >> 1, c = tile * 4 + 2 * t;
+    if (g < M) *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * half + c) = swiglu2(acc[0], acc[1], up[0], up[1]);
+    if (HIGH && g + 8 < M)
+      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * half + c) = swiglu2(acc[2], acc[3], up[2], up[3]);
+    return;
+  }
   if (g < M)
     *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * N + col) = __floats2bfloat162_rn(acc[0], acc[1]);
   if (HIGH && g + 8 < M)
@@ -151,15 +175,19 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
 
 }  // namespace
 
-#define SKINNY_ENTRY(NAME, HIGH, U)                                                                            \
+#define SKINNY_ENTRY(NAME, HIGH, U, SWIGLU)                                                                    \
   extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
                                   int* counters, int M, int N, int K) {                                          \
-    skinny_tile<HIGH, U>(x, w, out, ws, counters, M, N, K);                                                      \
+    skinny_tile<HIGH, U, SWIGLU>(x, w, out, ws, counters, M, N, K);                                              \
   }
 
-SKINNY_ENTRY(skinny_m8_u2, false, 2)
-SKINNY_ENTRY(skinny_m8_u4, false, 4)
-SKINNY_ENTRY(skinny_m8_u8, false, 8)
-SKINNY_ENTRY(skinny_m16_u2, true, 2)
-SKINNY_ENTRY(skinny_m16_u4, true, 4)
-SKINNY_ENTRY(skinny_m16_u8, true, 8)
+#define SKINNY_ENTRIES(M, HIGH, U)                    \
+  SKINNY_ENTRY(skinny_m##M##_u##U, HIGH, U, false)    \
+  SKINNY_ENTRY(skinny_m##M##_u##U##_swiglu, HIGH, U, true)
+
+SKINNY_ENTRIES(8, false, 2)
+SKINNY_ENTRIES(8, false, 4)
+SKINNY_ENTRIES(8, false, 8)
+SKINNY_ENTRIES(16, true, 2)
+SKINNY_ENTRIES(16, true, 4)
+SKINNY_ENTRIES(16, true, 8)

@@ -68,11 +68,11 @@ def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 _GEMM = os.environ.get("DFLASH_GEMM", "auto")  # auto | cublas | triton (comparisons)
-# Rows up to which auto uses the CUDA kernel. At 16 rows x costs the kernel as many loads as W and cuBLAS's
-# tensor-core GEMMs are faster per product (H100: qkv 17.5 vs 14.9 us). Up to 8 rows the kernel wins, most in
-# the step's graph: an 8-row verify (EAGLE-3's chain of 7) replays in 3.65 ms against 4.13 with cuBLAS,
-# EAGLE-3 890 vs 782 tok/s and DFlash 1075 vs 1028 in one run (benchmarks/2026-11-23-h100/m8/).
-_GEMM_MAX_M = int(os.environ.get("DFLASH_GEMM_MAX_M", "8"))
+# Rows up to which auto uses the CUDA kernel (all a skinny product has). From 9 rows it runs with fewer warps per
+# tile and deeper unrolling (cuda_gemm.plan): per product it matches cuBLAS, and in a step's graph it overlaps its
+# neighbours (programmatic dependent launch). H100 graph replays (benchmarks/2026-11-23-h100/session3/m16_swiglu/):
+# verify of 16 rows 3.96 ms against 4.21 with cuBLAS above 8 rows, DFlash draft 0.798 vs 0.825 ms.
+_GEMM_MAX_M = int(os.environ.get("DFLASH_GEMM_MAX_M", "16"))
 _cuda_gemm = None  # csrc/skinny_gemm.cu once built, False where unavailable
 VOCAB_ROWS = 32768  # weights this tall are vocabulary heads
 
@@ -83,14 +83,25 @@ def fast_gemm(x: torch.Tensor, w: torch.Tensor):
     H100, in CUDA graphs (benchmarks/gemm_bench.py): the Triton kernel streams the vocabulary head at
     ~3.0 TB/s against cuBLAS's 2.5; the CUDA kernel (csrc/) prefetches its weights across kernel
     boundaries (programmatic dependent launch), which cuBLAS cannot, on the per-layer matrices."""
-    global _cuda_gemm
-    if (_GEMM == "cublas" or not x.is_cuda or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[0] > 16
-            or w.dtype != x.dtype or _kernels is False or not (x.is_contiguous() and w.is_contiguous())):
+    if not _skinny(x, w):
         return None
     if _GEMM == "triton" or w.shape[0] >= VOCAB_ROWS:
         from .kernels.skinny_gemm import skinny_linear
 
         return skinny_linear
+    gemm = _cuda_gemm_for(x, w)
+    return gemm.skinny_linear if gemm else None
+
+
+def _skinny(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """A bf16 CUDA product of at most 16 rows that a skinny GEMM may take."""
+    return (_GEMM != "cublas" and x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= 16
+            and w.dtype == x.dtype and _kernels is not False and x.is_contiguous() and w.is_contiguous())
+
+
+def _cuda_gemm_for(x: torch.Tensor, w: torch.Tensor):
+    """The csrc/ GEMM module when it takes this product (after `_skinny`), else None."""
+    global _cuda_gemm
     if x.shape[0] > _GEMM_MAX_M:
         return None
     if _cuda_gemm is None:
@@ -99,7 +110,19 @@ def fast_gemm(x: torch.Tensor, w: torch.Tensor):
         from .kernels import cuda_gemm
 
         _cuda_gemm = cuda_gemm if cuda_gemm.available(x.device) else False
-    return _cuda_gemm.skinny_linear if _cuda_gemm and _cuda_gemm.supports(x, w) else None
+    return _cuda_gemm if _cuda_gemm and _cuda_gemm.supports(x, w) else None
+
+
+_SWIGLU_FUSED = os.environ.get("DFLASH_SWIGLU_FUSED", "1") != "0"
+
+
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """An MLP's first half: silu(x @ gate^T) * (x @ up^T) with gate_up = [gate; up] ([2I, H]) -> [T, I].
+    Where the CUDA GEMM takes the product, the activation runs in its epilogue (no kernel of its own)."""
+    if (_SWIGLU_FUSED and _GEMM == "auto" and gate_up.shape[0] < VOCAB_ROWS and _skinny(x, gate_up)
+            and (gemm := _cuda_gemm_for(x, gate_up)) is not None):
+        return gemm.skinny_linear(x, gate_up, swiglu=True)
+    return silu_mul(linear(x, gate_up))
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -196,7 +196,7 @@ class DFlashDrafter:
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(h, ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o),
                                     layer.post_norm, eps)
-            mlp = ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down)
+            mlp = ops.linear(ops.swiglu(x, layer.gate_up), layer.down)
             if i == last:
                 return h + mlp
             h, x = ops.add_rms_norm(h, mlp, self.layers[i + 1].input_norm, eps)

@@ -216,7 +216,7 @@ class Eagle3Drafter:
         attn = span.attend(0, q, k, v.reshape(n, c.kv_heads, c.head_dim), self.scale)
         h = (normed if c.norm_before_residual else state) + ops.linear(attn, self.o)
         x = ops.rms_norm(h, self.post_norm, c.eps)
-        return h + ops.linear(ops.silu_mul(ops.linear(x, self.gate_up)), self.down)
+        return h + ops.linear(ops.swiglu(x, self.gate_up), self.down)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of pre-norm outputs."""

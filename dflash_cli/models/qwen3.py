@@ -112,7 +112,7 @@ class Qwen3Model:
         for i, layer in enumerate(self.layers):
             attn = self_attention(layer, x, cfg, span, i, self.scale)
             h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o), layer.post_norm, eps)
-            h, x = ops.add_rms_norm(h, ops.linear(ops.silu_mul(ops.linear(x, layer.gate_up)), layer.down),
+            h, x = ops.add_rms_norm(h, ops.linear(ops.swiglu(x, layer.gate_up), layer.down),
                                     norms[i], eps)
             if i + 1 in capture:
                 captured[i + 1] = h

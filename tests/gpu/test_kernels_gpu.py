@@ -94,3 +94,29 @@ def test_skinny_gemms_match_reference_bf16(m):
                     assert err(cuda_gemm.skinny_linear(x, w, cfg)) <= 1e-2  # the arrival counters were reset
     if not built:
         pytest.skip(cuda_gemm.unavailable_reason(dev))
+
+
+@pytest.mark.parametrize("m", [1, 3, 9, 16])
+def test_swiglu_epilogue_matches_unfused_bf16(m):
+    """The CUDA GEMM's SwiGLU epilogue against the GEMM then the activation kernel (same bf16 roundings)."""
+    from dflash_cli.engine import ops
+    from dflash_cli.engine.kernels import cuda_gemm
+    from dflash_cli.engine.kernels.elementwise import silu_mul
+
+    dev = torch.device("cuda")
+    if not cuda_gemm.available(dev):
+        pytest.skip(cuda_gemm.unavailable_reason(dev))
+    torch.manual_seed(3)
+    for n, k in ((19456, 2560), (3072 * 2, 1024), (64, 256)):
+        x = torch.randn(m, k, dtype=torch.bfloat16, device=dev)
+        w = torch.randn(n, k, dtype=torch.bfloat16, device=dev) * 0.05
+        for cfg in (None, (1, 1, 2), (4, 2, 4), (8, 4, 8)):
+            if cfg and (cfg[1] * 16 * n > cuda_gemm.WS_FLOATS or k // 32 < cfg[0] * cfg[1]):
+                continue
+            unfused = silu_mul(cuda_gemm.skinny_linear(x, w, cfg))
+            fused = cuda_gemm.skinny_linear(x, w, cfg, swiglu=True)
+            assert fused.shape == (m, n // 2)
+            # Same GEMM sums and roundings; only exp may differ in its last bits from Triton's.
+            assert ((fused.float() - unfused.float()).abs() > 1e-2 * unfused.float().abs() + 1e-3).sum() == 0
+        ref = ops.silu_mul(x.float() @ w.float().T)
+        assert ((ops.swiglu(x, w).float() - ref).norm() / ref.norm()).item() <= 1e-2

@@ -149,12 +149,17 @@ def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
 def plan(m: int, n: int, k: int) -> tuple[int, int, int]:
     """(warps per block, K splits over blocks, unroll): enough warps in flight to cover every SM."""
     tiles, chunks = n // 8, k // 32
+    if m > 8:
+        # 9..16 rows load x twice per chunk of W: fewer warps per tile, no K split and deeper unrolling won
+        # every shape (benchmarks/gemm_bench.py --tune, 2026-11-23-h100/session3/): qkv 14.6 us with (2, 1, 8)
+        # vs 16.1 with the rule below, o 10.7 with (4, 1, 8), gate_up 41.2 with (2, 1, 4), down 22.6 (4, 1, 8).
+        return (4 if tiles <= 512 else 2), 1, (8 if tiles < 1024 else 4)
     warps, splits = 4, 1
     # Up to 8 rows, more warps on a tile before K splits over blocks: the warps add up in shared memory, the
     # splits through a workspace. H100 (benchmarks/gemm_bench.py --tune, 2026-11-23-h100/tiles/): o_proj 9.0 us
     # with 8 warps and no split vs 10.5 with 4 warps and 2 splits; down 20.6 vs 22.6; decode replay 3.63 ->
-    # 3.44 ms. At 16 rows (x loads doubled) 8 warps lose: o 14.6 vs 12.1 us.
-    if m <= 8 and tiles * warps < 132 * 16 and chunks // (2 * warps) >= 8:
+    # 3.44 ms.
+    if tiles * warps < 132 * 16 and chunks // (2 * warps) >= 8:
         warps = 8
     while tiles * splits * warps < 132 * 16 and chunks // (splits * 2 * warps) >= 8 \
             and splits * 2 * 16 * n <= WS_FLOATS:
@@ -162,16 +167,18 @@ def plan(m: int, n: int, k: int) -> tuple[int, int, int]:
     return warps, splits, 4
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """x [M, K] @ w[N, K]^T in bf16 with M <= 16 (check `supports` first)."""
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None = None,
+                  swiglu: bool = False) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T in bf16 with M <= 16 (check `supports` first). With `swiglu`, w is [gate; up] and
+    the result silu(x @ gate^T) * (x @ up^T) [M, N/2], the activation applied in the kernel's epilogue."""
     mod = _module(x.device)
     m, k = x.shape
     n = w.shape[0]
     warps, splits, unroll = config or plan(m, n, k)
     if splits > 1 and (splits * 16 * n > WS_FLOATS or n // 8 > MAX_TILES):
         raise ValueError(f"{splits} K splits of {n} columns overflow the split-K workspace")
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    name = f"skinny_m{8 if m <= 8 else 16}_u{unroll}"
+    out = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
+    name = f"skinny_m{8 if m <= 8 else 16}_u{unroll}" + ("_swiglu" if swiglu else "")
     mod.launch(name, (n // 8, splits), warps * 32, warps * 512,
                [_Ptr(x.data_ptr()), _Ptr(w.data_ptr()), _Ptr(out.data_ptr()), _Ptr(mod.ws.data_ptr()),
                 _Ptr(mod.counters.data_ptr()), m, n, k])
