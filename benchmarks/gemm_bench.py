@@ -57,6 +57,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--plans", help="with --tune: write the fastest plan per product here (DFLASH_GEMM_PLANS)")
     ap.add_argument("--ms", default="1,8,16")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -65,7 +66,8 @@ def main():
     report = {"device": torch.cuda.get_device_name(), "copy_GBs": round(copy_bandwidth()), "rows": []}
     print(f"device {report['device']}  copy {report['copy_GBs']} GB/s")
     print(f"{'shape':10} {'M':>3} {'cublas us':>9} {'GB/s':>6} {'triton us':>9} {'GB/s':>6} {'cuda us':>8} {'GB/s':>6}"
-          f" {'plan':>10} {'rel err':>8}" + ("  tuned us  GB/s  config" if args.tune else ""))
+          f" {'plan':>10} {'rel err':>8}" + ("  best per kernel: us GB/s (warps, splits, unroll)" if args.tune else ""))
+    best = {}
     for name, (n, k) in SHAPES.items():
         nbytes = n * k * 2
         copies = max(2, int(160e6 // nbytes) + 1)
@@ -82,23 +84,26 @@ def main():
             t_triton = graph_time(lambda i: triton_linear(x, ws[i]), copies)
             t_cuda = graph_time(lambda i: cuda_gemm.skinny_linear(x, ws[i]), copies)
             row = {"shape": name, "N": n, "K": k, "M": m, "cublas_us": t_cublas * 1e6, "triton_us": t_triton * 1e6,
-                   "cuda_us": t_cuda * 1e6, "plan": cuda_gemm.plan(m, n, k), "rel_err": err}
+                   "cuda_us": t_cuda * 1e6, "plan": tuple(cuda_gemm.plan(m, n, k)), "rel_err": err}
             line = (f"{name:10} {m:>3} {t_cublas*1e6:9.1f} {nbytes/t_cublas/1e9:6.0f} {t_triton*1e6:9.1f}"
                     f" {nbytes/t_triton/1e9:6.0f} {t_cuda*1e6:8.1f} {nbytes/t_cuda/1e9:6.0f}"
                     f" {str(row['plan']):>10} {err:8.1e}")
             if args.tune and name != "lm_head":  # the vocabulary head is Triton's
-                times = {}
-                for cfg in itertools.product((2, 4, 8), (1, 2, 4, 8), (2, 4, 8)):
-                    warps, splits, unroll = cfg
-                    if splits > 1 and (splits * 16 * n > cuda_gemm.WS_FLOATS or n // 8 > cuda_gemm.MAX_TILES):
-                        continue
-                    if k // 32 < warps * splits * unroll:
-                        continue
-                    assert ((cuda_gemm.skinny_linear(x, ws[0], cfg).float() - ref).norm() / ref.norm()) < 1e-2, cfg
-                    times[cfg] = graph_time(lambda i: cuda_gemm.skinny_linear(x, ws[i], cfg), copies, reps=3)  # noqa: B023
-                row["configs"] = {str(c): t * 1e6 for c, t in times.items()}
-                t, cfg = min((t, c) for c, t in times.items())
-                line += f"  {t*1e6:8.1f} {nbytes/t/1e9:5.0f}  {cfg}"
+                row["configs"] = {}
+                for kind in ("tile8", "tile16"):
+                    times = {}
+                    for warps, splits, unroll in itertools.product((2, 4, 8), (1, 2, 4, 8), (2, 4, 8)):
+                        cfg = (warps, splits, unroll, kind)
+                        if not cuda_gemm.fits(n, k, cfg) or k // 32 < warps * splits * unroll:
+                            continue
+                        y = cuda_gemm.skinny_linear(x, ws[0], cfg)
+                        assert ((y.float() - ref).norm() / ref.norm()) < 1e-2, cfg
+                        times[cfg] = graph_time(lambda i: cuda_gemm.skinny_linear(x, ws[i], cfg), copies, reps=3)  # noqa: B023
+                    row["configs"].update({str(c): t * 1e6 for c, t in times.items()})
+                    t, cfg = min((t, c) for c, t in times.items())
+                    line += f"  {kind} {t*1e6:6.1f} {nbytes/t/1e9:5.0f} {cfg[:3]}"
+                    if t < best.get((m, n, k), (float("inf"),))[0]:
+                        best[(m, n, k)] = (t, cfg)
             print(line, flush=True)
             report["rows"].append(row)
         del ws
@@ -106,6 +111,9 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if args.plans:
+        with open(args.plans, "w") as f:
+            json.dump({",".join(map(str, key)): list(cfg) for key, (t, cfg) in best.items()}, f, indent=1)
 
 
 if __name__ == "__main__":

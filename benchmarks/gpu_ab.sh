@@ -2,6 +2,7 @@
 # One device call: GPU kernel and graph tests, then graph replays (decode, verify, draft; benchmarks/
 # step_profile.py) and the synthetic bench at ctx 1024 for the build as it is and for each switch in
 # VARIANTS ("name:ENV=V[,ENV=V]" separated by spaces), then the full step profile and ctx 8192.
+# Env: PYTEST_K, GEMM_TABLE (rows for a GEMM table), TUNE (see below).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -9,6 +10,10 @@ exec > >(tee "$OUT/all.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider -k "${PYTEST_K:-kernels or graphs}"
 [ -n "$GEMM_TABLE" ] && timeout 120 python benchmarks/gemm_bench.py --ms "$GEMM_TABLE" --json "$OUT/gemm.json"
+# TUNE: sweep the CUDA GEMM's plans and write the fastest per product to $OUT/plans.json, for a variant
+# "tuned:DFLASH_GEMM_PLANS=$OUT/plans.json".
+[ -n "$TUNE" ] && timeout 240 python benchmarks/gemm_bench.py --tune --ms 1,8,16 --json "$OUT/gemm.json" \
+  --plans "$OUT/plans.json"
 . "$(dirname "$0")/bench_fn.sh"
 for round in 1 2; do  # two rounds, interleaved: host noise shows as the spread between them
   for v in "as_built:" $VARIANTS; do

@@ -173,6 +173,165 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * N + col) = __floats2bfloat162_rn(acc[2], acc[3]);
 }
 
+
+// The 16-row variant: W is the mma's A operand, so a warp's tile is 16 rows of W (rows g and g + 8 of it per
+// thread, the k mapping as above) and the tokens are B's 8 columns, twice with 9..16 tokens. Every x fragment
+// then serves 16 rows of W instead of 8: per chunk a thread loads as many bytes of x as of W at 16 tokens
+// (twice as many in the kernel above), half as many at 8 or fewer. Warps split K as above.
+// SWIGLU: tile j reads gate rows 8j..8j+7 as rows 0..7 and the matching up rows as 8..15, so each thread
+// holds a gate and its up (C rows g and g + 8) after the reduction.
+template <int TOK, int U, bool SWIGLU>
+__device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
+                                       __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
+                                       int* __restrict__ counters, int M, int N, int K) {
+  extern __shared__ float red16[];  // [NW][32][8]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int chunks = K >> 5, parts = splits * nw, part = split * nw + warp;
+  const int c0 = (int)((long long)chunks * part / parts), c1 = (int)((long long)chunks * (part + 1) / parts);
+  const int r0 = SWIGLU ? tile * 8 + g : tile * 16 + g, r1 = SWIGLU ? (N >> 1) + tile * 8 + g : r0 + 8;
+  const __nv_bfloat16* wlo = w + (size_t)r0 * K + t * 8;
+  const __nv_bfloat16* whi = w + (size_t)r1 * K + t * 8;
+  const bool lo_ok = g < M, hi_ok = TOK > 8 && g + 8 < M;
+  const __nv_bfloat16* xlo = x + (size_t)(lo_ok ? g : 0) * K + t * 8;
+  const __nv_bfloat16* xhi = x + (size_t)(hi_ok ? g + 8 : 0) * K + t * 8;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  uint4 wl[U], wh[U];
+  int c = c0;
+  if (c + U <= c1) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      wl[u] = load_stream(wlo + (size_t)(c + u) * 32);
+      wh[u] = load_stream(whi + (size_t)(c + u) * 32);
+    }
+  }
+  pdl_launch_dependents();
+  pdl_wait();
+
+  float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};  // tokens 0..7, 8..15
+  for (; c + U <= c1; c += U) {
+    uint4 xl[U], xh[U], nl[U], nh[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      xl[u] = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + (c + u) * 32)) : zero;
+      if (TOK > 8) xh[u] = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + (c + u) * 32)) : zero;
+    }
+    const bool more = c + 2 * U <= c1;
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        nl[u] = load_stream(wlo + (size_t)(c + U + u) * 32);
+        nh[u] = load_stream(whi + (size_t)(c + U + u) * 32);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      mma_bf16(lo, wl[u].x, wh[u].x, wl[u].y, wh[u].y, xl[u].x, xl[u].y);
+      mma_bf16(lo, wl[u].z, wh[u].z, wl[u].w, wh[u].w, xl[u].z, xl[u].w);
+      if (TOK > 8) {
+        mma_bf16(hi, wl[u].x, wh[u].x, wl[u].y, wh[u].y, xh[u].x, xh[u].y);
+        mma_bf16(hi, wl[u].z, wh[u].z, wl[u].w, wh[u].w, xh[u].z, xh[u].w);
+      }
+    }
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wl[u] = nl[u];
+        wh[u] = nh[u];
+      }
+    }
+  }
+  for (; c < c1; ++c) {
+    const uint4 a = load_stream(wlo + (size_t)c * 32), a2 = load_stream(whi + (size_t)c * 32);
+    const uint4 b = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + c * 32)) : zero;
+    mma_bf16(lo, a.x, a2.x, a.y, a2.y, b.x, b.y);
+    mma_bf16(lo, a.z, a2.z, a.w, a2.w, b.z, b.w);
+    if (TOK > 8) {
+      const uint4 b2 = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + c * 32)) : zero;
+      mma_bf16(hi, a.x, a2.x, a.y, a2.y, b2.x, b2.y);
+      mma_bf16(hi, a.z, a2.z, a.w, a2.w, b2.z, b2.w);
+    }
+  }
+
+  if (nw > 1) {  // add the warps' partial tiles
+    float* mine = red16 + (warp * 32 + lane) * 8;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      mine[i] = lo[i];
+      mine[4 + i] = hi[i];
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    for (int v = 1; v < nw; ++v) {
+      const float* other = red16 + (v * 32 + lane) * 8;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        lo[i] += other[i];
+        hi[i] += other[4 + i];
+      }
+    }
+  }
+  if (splits > 1) {  // the tile's partial: 8 floats per lane, a slot per split
+    float* slot = ws + ((size_t)split * N * 16) + (size_t)tile * 256 + lane * 8;
+    *reinterpret_cast<float4*>(slot) = make_float4(lo[0], lo[1], lo[2], lo[3]);
+    if (TOK > 8) *reinterpret_cast<float4*>(slot + 4) = make_float4(hi[0], hi[1], hi[2], hi[3]);
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0) last = atomicAdd(counters + tile, 1) == splits - 1;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lo[i] = hi[i] = 0.f;
+    for (int s = 0; s < splits; ++s) {  // fixed order: deterministic sums
+      const float* p = ws + ((size_t)s * N * 16) + (size_t)tile * 256 + lane * 8;
+      const float4 a = __ldcg(reinterpret_cast<const float4*>(p));
+      lo[0] += a.x; lo[1] += a.y; lo[2] += a.z; lo[3] += a.w;
+      if (TOK > 8) {
+        const float4 b = __ldcg(reinterpret_cast<const float4*>(p + 4));
+        hi[0] += b.x; hi[1] += b.y; hi[2] += b.z; hi[3] += b.w;
+      }
+    }
+    if (lane == 0) counters[tile] = 0;
+  }
+  // C fragment: [0], [1] are A row g for tokens 2t, 2t + 1; [2], [3] row g + 8 (lo: tokens 0..7, hi: 8..15).
+  const int tok = 2 * t;
+  if (SWIGLU) {
+    const int half = N >> 1, n = tile * 8 + g;
+    const __nv_bfloat162 a = swiglu2(lo[0], lo[1], lo[2], lo[3]);
+    if (tok < M) out[(size_t)tok * half + n] = a.x;
+    if (tok + 1 < M) out[(size_t)(tok + 1) * half + n] = a.y;
+    if (TOK > 8) {
+      const __nv_bfloat162 b = swiglu2(hi[0], hi[1], hi[2], hi[3]);
+      if (tok + 8 < M) out[(size_t)(tok + 8) * half + n] = b.x;
+      if (tok + 9 < M) out[(size_t)(tok + 9) * half + n] = b.y;
+    }
+    return;
+  }
+  const int n = tile * 16 + g;
+  if (tok < M) {
+    out[(size_t)tok * N + n] = __float2bfloat16_rn(lo[0]);
+    out[(size_t)tok * N + n + 8] = __float2bfloat16_rn(lo[2]);
+  }
+  if (tok + 1 < M) {
+    out[(size_t)(tok + 1) * N + n] = __float2bfloat16_rn(lo[1]);
+    out[(size_t)(tok + 1) * N + n + 8] = __float2bfloat16_rn(lo[3]);
+  }
+  if (TOK > 8) {
+    if (tok + 8 < M) {
+      out[(size_t)(tok + 8) * N + n] = __float2bfloat16_rn(hi[0]);
+      out[(size_t)(tok + 8) * N + n + 8] = __float2bfloat16_rn(hi[2]);
+    }
+    if (tok + 9 < M) {
+      out[(size_t)(tok + 9) * N + n] = __float2bfloat16_rn(hi[1]);
+      out[(size_t)(tok + 9) * N + n + 8] = __float2bfloat16_rn(hi[3]);
+    }
+  }
+}
+
 }  // namespace
 
 #define SKINNY_ENTRY(NAME, HIGH, U, SWIGLU)                                                                    \
@@ -191,3 +350,20 @@ SKINNY_ENTRIES(8, false, 8)
 SKINNY_ENTRIES(16, true, 2)
 SKINNY_ENTRIES(16, true, 4)
 SKINNY_ENTRIES(16, true, 8)
+
+#define TILE16_ENTRY(NAME, TOK, U, SWIGLU)                                                                    \
+  extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
+                                  int* counters, int M, int N, int K) {                                          \
+    tile16<TOK, U, SWIGLU>(x, w, out, ws, counters, M, N, K);                                                    \
+  }
+
+#define TILE16_ENTRIES(TOK, U)                              \
+  TILE16_ENTRY(tile16_t##TOK##_u##U, TOK, U, false)         \
+  TILE16_ENTRY(tile16_t##TOK##_u##U##_swiglu, TOK, U, true)
+
+TILE16_ENTRIES(8, 2)
+TILE16_ENTRIES(8, 4)
+TILE16_ENTRIES(8, 8)
+TILE16_ENTRIES(16, 2)
+TILE16_ENTRIES(16, 4)
+TILE16_ENTRIES(16, 8)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -146,8 +147,23 @@ def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0 and w.shape[0] // 8 <= MAX_TILES)
 
 
-def plan(m: int, n: int, k: int) -> tuple[int, int, int]:
-    """(warps per block, K splits over blocks, unroll): enough warps in flight to cover every SM."""
+def _plans_from_env() -> dict:
+    """DFLASH_GEMM_PLANS: a JSON file {"m,n,k": [warps, splits, unroll, kind]} (benchmarks/gemm_bench.py
+    --tune --plans) that overrides `plan` for the products it names: comparisons on the GPU."""
+    path = os.environ.get("DFLASH_GEMM_PLANS")
+    if not path:
+        return {}
+    with open(path) as f:
+        return {tuple(int(v) for v in key.split(",")): tuple(cfg) for key, cfg in json.load(f).items()}
+
+
+_PLANS = _plans_from_env()
+
+
+def plan(m: int, n: int, k: int) -> tuple:
+    """(warps per block, K splits over blocks, unroll[, kind]): enough warps in flight to cover every SM."""
+    if (m, n, k) in _PLANS:
+        return _PLANS[(m, n, k)]
     tiles, chunks = n // 8, k // 32
     if m > 8:
         # 9..16 rows load x twice per chunk of W: fewer warps per tile, no K split and deeper unrolling won
@@ -167,19 +183,31 @@ def plan(m: int, n: int, k: int) -> tuple[int, int, int]:
     return warps, splits, 4
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int] | None = None,
+def fits(n: int, k: int, config: tuple) -> bool:
+    """Whether a (warps, splits, unroll[, kind]) plan can run an [N, K] weight (tiles, workspace, unroll)."""
+    warps, splits, unroll, kind = (*config, "tile8")[:4]
+    rows = 16 if kind == "tile16" else 8
+    return (unroll in (2, 4, 8) and n % rows == 0 and n // rows <= MAX_TILES and (splits == 1 or splits * 16 * n <= WS_FLOATS))
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
                   swiglu: bool = False) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T in bf16 with M <= 16 (check `supports` first). With `swiglu`, w is [gate; up] and
     the result silu(x @ gate^T) * (x @ up^T) [M, N/2], the activation applied in the kernel's epilogue."""
     mod = _module(x.device)
     m, k = x.shape
     n = w.shape[0]
-    warps, splits, unroll = config or plan(m, n, k)
-    if splits > 1 and (splits * 16 * n > WS_FLOATS or n // 8 > MAX_TILES):
-        raise ValueError(f"{splits} K splits of {n} columns overflow the split-K workspace")
+    config = config or plan(m, n, k)
+    if not fits(n, k, config):
+        raise ValueError(f"plan {config} does not fit a [{n}, {k}] weight")
+    warps, splits, unroll, kind = (*config, "tile8")[:4]
     out = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
-    name = f"skinny_m{8 if m <= 8 else 16}_u{unroll}" + ("_swiglu" if swiglu else "")
-    mod.launch(name, (n // 8, splits), warps * 32, warps * 512,
+    suffix = "_swiglu" if swiglu else ""
+    if kind == "tile16":
+        name, grid, smem = f"tile16_t{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 16, splits), warps * 1024
+    else:
+        name, grid, smem = f"skinny_m{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 8, splits), warps * 512
+    mod.launch(name, grid, warps * 32, smem,
                [_Ptr(x.data_ptr()), _Ptr(w.data_ptr()), _Ptr(out.data_ptr()), _Ptr(mod.ws.data_ptr()),
                 _Ptr(mod.counters.data_ptr()), m, n, k])
     return out
