@@ -181,10 +181,11 @@ class DFlashDrafter:
 
     def _block_logits(self, block: torch.Tensor, span) -> torch.Tensor:
         # Row 0 holds the last committed token: only the mask rows after it are drafts.
-        return self.head_logits(self.block_states(block, span)[1:])
+        return self.normed_logits(self.block_states(block, span, final_norm=True)[1:])
 
-    def block_states(self, block: torch.Tensor, span) -> torch.Tensor:
-        """The layers over the block rows (pre-norm outputs); training runs many blocks at once."""
+    def block_states(self, block: torch.Tensor, span, final_norm: bool = False) -> torch.Tensor:
+        """The layers over the block rows: their outputs before the final norm (training runs many blocks at
+        once), or with `final_norm` after it, the last residual add fused with that norm."""
         # The block's keys/values land in the cache after the context; absorb overwrites them later.
         m, c = self.cfg, self.c
         h = self.target.embed[block]
@@ -192,19 +193,22 @@ class DFlashDrafter:
             h = h * c.embedding_scale
         eps, last = m.rms_norm_eps, len(self.layers) - 1
         x = ops.rms_norm(h, self.layers[0].input_norm, eps)
-        # Each residual add but the last is fused with the norm that follows it (one kernel on the GPU).
+        # Each residual add is fused with the norm that follows it (one kernel on the GPU).
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(h, ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o),
                                     layer.post_norm, eps)
             mlp = ops.linear(ops.swiglu(x, layer.gate_up), layer.down)
             if i == last:
-                return h + mlp
+                return ops.add_rms_norm(h, mlp, self.norm, eps)[1] if final_norm else h + mlp
             h, x = ops.add_rms_norm(h, mlp, self.layers[i + 1].input_norm, eps)
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
-        m, c = self.cfg, self.c
-        h = ops.rms_norm(h, self.norm, m.rms_norm_eps)
-        logits = ops.logits(h, self.target.lm_head)
+        return self.normed_logits(ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps))
+
+    def normed_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of rows already through the final norm."""
+        c = self.c
+        logits = ops.logits(x, self.target.lm_head)
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
         if c.softcap:

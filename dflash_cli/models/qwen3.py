@@ -116,6 +116,8 @@ class Qwen3Model:
                                     norms[i], eps)
             if i + 1 in capture:
                 captured[i + 1] = h
-        hidden = torch.cat([captured[j] for j in capture], dim=-1) if capture else None
         logits = ops.logits(x if all_logits else x[-1:], self.lm_head)
+        # After the head: a torch copy kernel between the last norm and the head would stall the head's
+        # early weight loads (programmatic dependent launch) on the GPU.
+        hidden = torch.cat([captured[j] for j in capture], dim=-1) if capture else None
         return ForwardOut(logits=logits, hidden=hidden)

@@ -36,6 +36,8 @@ PROGRAMS = 512
 # (benchmarks/merge_warps.py): 16 rows over 1100 keys 9.00 us with 1 warp vs 10.12 with 4; 1 row over 8300
 # keys 22.43 vs 23.16.
 MERGE_WARPS = 1
+# The merge lets the next kernel (the o projection, whose weights do not depend on it) launch at its start.
+MERGE_TRIGGER = os.environ.get("DFLASH_MERGE_TRIGGER", "1") == "1"
 
 
 @triton.jit
@@ -137,5 +139,5 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     splits_p2 = triton.next_power_of_2(nsplit)
     _merge_kernel[(kv, t * g)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, BLOCK_R=block_r,
                                SPLITS_P2=splits_p2, CHUNK=min(splits_p2, 16), num_warps=MERGE_WARPS,
-                               **launch_options(q.device, ATTENTION_PDL))
+                               **launch_options(q.device, ATTENTION_PDL, trigger=MERGE_TRIGGER))
     return out

@@ -165,11 +165,12 @@ def plan(m: int, n: int, k: int) -> tuple:
     if (m, n, k) in _PLANS:
         return _PLANS[(m, n, k)]
     tiles, chunks = n // 8, k // 32
-    if m > 8:
-        # 9..16 rows load x twice per chunk of W: fewer warps per tile, no K split and deeper unrolling won
-        # every shape (benchmarks/gemm_bench.py --tune, 2026-11-23-h100/session3/): qkv 14.6 us with (2, 1, 8)
-        # vs 16.1 with the rule below, o 10.7 with (4, 1, 8), gate_up 41.2 with (2, 1, 4), down 22.6 (4, 1, 8).
-        return (4 if tiles <= 512 else 2), 1, (8 if tiles < 1024 else 4)
+    if m > 8 and n % 16 == 0:
+        # 9..16 rows: 16-row tiles (an x fragment serves 16 rows of W), no K split. H100 (gemm_bench.py --tune,
+        # 2026-11-23-h100/session3/tile16/): qkv 13.7 us with (4, 1, 4) vs 14.2 for the best 8-row tile plan, gate_up
+        # 39.6 (4, 1, 2) vs 40.9, down 22.1 (8, 1, 4); verify-16 replay 3.94 -> 3.81 ms, DFlash draft 0.796 -> 0.773.
+        tiles16 = n // 16
+        return (8 if k >= 4096 else 4), 1, (4 if k >= 4096 or tiles16 < 512 else 2), "tile16"
     warps, splits = 4, 1
     # Up to 8 rows, more warps on a tile before K splits over blocks: the warps add up in shared memory, the
     # splits through a workspace. H100 (benchmarks/gemm_bench.py --tune, 2026-11-23-h100/tiles/): o_proj 9.0 us

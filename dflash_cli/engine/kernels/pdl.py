@@ -28,10 +28,14 @@ def enabled(device: torch.device) -> bool:
     return _enabled[index]
 
 
-def launch_options(device: torch.device, allowed: bool = True) -> dict:
-    """Keyword arguments for a Triton launch: the kernel's PDL flag and Triton's launch option."""
-    on = allowed and device.type == "cuda" and enabled(device)
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+def launch_options(device: torch.device, allowed: bool = True, trigger: bool = False) -> dict:
+    """Keyword arguments for a Triton launch: the kernel's PDL flag and Triton's launch option.
+    trigger: where the launch itself is not allowed to overlap its predecessor, the kernel still lets the next
+    one launch early (its wait is then a no-op): the next kernel's weight prefetch overlaps this one."""
+    on = device.type == "cuda" and enabled(device)
+    if on and allowed:
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": on and trigger}
 
 
 @triton.jit
