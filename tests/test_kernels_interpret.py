@@ -59,12 +59,13 @@ CHECK = textwrap.dedent("""
         wide = skinny_linear(a, b, out_dtype=torch.float32)  # logits: rounded to dt, stored as float32
         assert wide.dtype == torch.float32 and torch.equal(wide, skinny_linear(a, b).float())
         from dflash_cli.engine.kernels import attention
-        cases = ((1, 4, 2, 16, 300, [200]), (3, 8, 2, 16, 260, [0, 258, 259]), (1, 4, 2, 16, 1024, [300]))
+        cases = ((1, 4, 2, 16, 300, [200]), (3, 8, 2, 16, 260, [0, 258, 259]), (1, 4, 2, 16, 1024, [300]),
+                 (4, 4, 2, 16, 300, "block"))  # a non-causal block: every row sees up to the last, a broadcast limit
         for programs, split in ((512, 256), (8, 64)):  # few programs / short splits: several splits to merge
             attention.PROGRAMS, attention.SPLIT = programs, split
             for t, h, kv, d, s, lim in cases if dt == torch.float32 else cases[:1]:
                 qq, kk_, vv = (torch.randn(t, h, d).to(dt), torch.randn(s, kv, d).to(dt), torch.randn(s, kv, d).to(dt))
-                limit = torch.tensor(lim)
+                limit = torch.tensor([250]).expand(t) if lim == "block" else torch.tensor(lim)
                 vis = torch.arange(s)[None, :] <= limit[:, None]
                 ref = ops.attention_masked(qq, kk_, vv, vis, d ** -0.5)
                 assert rel(attention.attention_window(qq, kk_, vv, limit, d ** -0.5), ref) <= 10 * tol

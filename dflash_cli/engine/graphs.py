@@ -1,9 +1,9 @@
 """CUDA-graph replay of the target's short forwards (decode steps and verify spans).
 
 A graph is captured once per (rows, attention window, capture, all_logits) and
-replayed at any position: the token ids and the start position are copied into
-static device buffers, attention reads a fixed window of the cache under a mask
-built from the start on the device. Windows are power-of-two buckets, so a graph
+replayed at any position: the token ids and the rows' positions are copied into
+static device buffers (one copy from pinned memory, no kernel), attention reads a
+fixed window of the cache under a mask built from the positions on the device. Windows are power-of-two buckets, so a graph
 is reused for thousands of positions and attention reads little beyond the
 committed length. On CPU (or with `graphs=False`) the same static forward runs
 eagerly: that is how its correctness is tested without a GPU.
@@ -58,13 +58,15 @@ def window_for(end: int, max_len: int) -> int:
 @dataclass
 class _Captured:
     ids: torch.Tensor
-    start: torch.Tensor
+    positions: torch.Tensor
     out: object
     graph: object | None
+    inputs: torch.Tensor | None  # [ids | positions] when both come from the host: one copy fills both
 
 
 class Graphs:
-    """Captured replays of `fn(ids, start, window, *extra)`: ids/start are static device buffers."""
+    """Captured replays of `fn(ids, positions, window, *extra)`: ids and positions (device int64 [P]) are static
+    device buffers."""
 
     def __init__(self, fn, device, max_len: int, use_graphs: bool = True):
         self.fn, self.device, self.max_len = fn, torch.device(device), max_len
@@ -75,17 +77,24 @@ class Graphs:
         self.capture_s = 0.0  # total time spent capturing (reported by bench)
         self.captures = 0
 
-    def __call__(self, ids, start: int, *extra, end: int | None = None):
-        """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device)
-        at `start`; attention reads a window covering `end` (default start + len(ids))."""
-        key = (len(ids), window_for(end or start + len(ids), self.max_len), *extra)
+    def __call__(self, ids, start: int, *extra, end: int | None = None, positions=None):
+        """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device) at
+        positions [start, start + len(ids)) or the given `positions` (host ints, as many per key);
+        attention reads a window covering `end` (default start + len(ids))."""
+        n = len(ids)
+        pos = list(range(start, start + n)) if positions is None else list(positions)
+        key = (n, window_for(end or start + n, self.max_len), *extra)
         step = self.steps.get(key)
-        src = ids if torch.is_tensor(ids) else host_ids(ids, self.device)
+        on_host = not torch.is_tensor(ids)
+        # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
+        src = host_ids((list(ids) if on_host else []) + pos, self.device)
         if step is None:
-            step = self.steps[key] = self._build(key, src, start)
+            step = self.steps[key] = self._build(key, ids, src, on_host)
+        elif on_host:
+            step.inputs.copy_(src, non_blocking=True)
         else:
-            step.ids.copy_(src, non_blocking=True)
-            step.start.fill_(start)  # a fill kernel: no copy from the host
+            step.ids.copy_(ids, non_blocking=True)
+            step.positions.copy_(src, non_blocking=True)
         if step.graph is not None:
             step.graph.replay()
         else:
@@ -100,13 +109,15 @@ class Graphs:
             self.pool = torch.cuda.graph_pool_handle()
 
     def _run(self, step: _Captured, key):
-        return self.fn(step.ids, step.start, *key[1:])
+        return self.fn(step.ids, step.positions, *key[1:])
 
-    def _build(self, key, src: torch.Tensor, start: int) -> _Captured:
+    def _build(self, key, ids, src: torch.Tensor, on_host: bool) -> _Captured:
         dev = self.device
-        step = _Captured(ids=src.to(dev, copy=True, non_blocking=True),
-                         start=torch.full((), start, dtype=torch.long, device=dev),
-                         out=None, graph=None)
+        inputs = src.to(dev, copy=True, non_blocking=True)
+        if on_host:
+            step = _Captured(ids=inputs[: key[0]], positions=inputs[key[0]:], out=None, graph=None, inputs=inputs)
+        else:
+            step = _Captured(ids=ids.to(dev, copy=True), positions=inputs, out=None, graph=None, inputs=None)
         Totals.shapes += 1
         if not self.use_graphs:
             return step
@@ -141,8 +152,8 @@ class Graphs:
 def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     """Decode steps and verify spans of the target: extra key = (capture, all_logits)."""
 
-    def fn(ids, start, window, capture, all_logits):
-        return model.forward_static(ids, start, cache, window, capture, all_logits)
+    def fn(ids, positions, window, capture, all_logits):
+        return model.forward_static(ids, positions, cache, window, capture, all_logits)
 
     graphs = Graphs(fn, model.device, cache.max_len, use_graphs)
     track = getattr(model, "track_graphs", None)

@@ -30,14 +30,16 @@ class Span:
 
 
 class StaticSpan:
-    def __init__(self, cache: KVCache, start: torch.Tensor, rows: int, window: int, cos: torch.Tensor,
+    def __init__(self, cache: KVCache, positions: torch.Tensor, window: int, cos: torch.Tensor,
                  sin: torch.Tensor, causal=True):
-        """start: device int64 scalar tensor; window: how many cache rows attention reads (>= start + rows)."""
+        """positions: the rows' cache positions, device int64 [T] (consecutive); window: how many cache rows
+        attention reads (> the last position)."""
         self.cache, self.window = cache, window
-        self.positions = start + torch.arange(rows, device=start.device)
+        self.positions = positions
         self.tables = cos, sin  # whole: the fused kernel reads them at the positions
-        # The last key each row sees: itself (causal) or the span's last row (a non-causal block).
-        self.limit = self.positions if causal else self.positions[-1:].expand(rows).contiguous()
+        # The last key each row sees: itself (causal) or the span's last row (a non-causal block; a broadcast
+        # view, no kernel).
+        self.limit = positions if causal else positions[-1:].expand(positions.shape[0])
 
     @functools.cached_property
     def cos(self) -> torch.Tensor:  # the rows' own [T, D], gathered only where a caller rotates by itself

@@ -120,12 +120,12 @@ class DFlashDrafter:
         if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
             from ..engine.graphs import Graphs
 
-            def fn(ids, start, window):
-                span = StaticSpan(self.cache, start, ids.shape[0], window, self.cos, self.sin, causal=False)
+            def fn(ids, positions, window):
+                span = StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False)
                 return self._block_logits(ids, span)
 
-            def absorb(hidden, start, window):
-                span = StaticSpan(self.cache, start, hidden.shape[0], window, self.cos, self.sin)
+            def absorb(hidden, positions, window):
+                span = StaticSpan(self.cache, positions, window, self.cos, self.sin)
                 self.context_rows(hidden, span, stacked=True)
 
             self.graphs = (Graphs(fn, self.device, self.cache.max_len, use),

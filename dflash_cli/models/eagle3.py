@@ -237,8 +237,9 @@ class Eagle3Drafter:
     def greedy_chain(self, last: int, k: int) -> torch.Tensor:
         """k greedy chained drafts (target ids, [k] on the device) after `last`; the tokens never
         leave the device (on the fast path: one graph replay)."""
-        if self.fast is not None:
-            return self.fast([last], self.committed, k, end=self.committed + k)
+        if self.fast is not None:  # the chain's rows sit at committed-1 ... committed+k-2
+            return self.fast([last], self.committed, k, end=self.committed + k,
+                             positions=range(self.committed - 1, self.committed - 1 + k))
         pos, state = self.first_state()
         token, drafts = last, []
         for i in range(k):
@@ -247,13 +248,12 @@ class Eagle3Drafter:
             drafts.append(token)
         return torch.cat(drafts)
 
-    def _greedy_chain(self, last: torch.Tensor, committed: torch.Tensor, window: int, k: int) -> torch.Tensor:
-        """The chain on device: positions, states and tokens never leave the GPU."""
-        pos = committed - 1
-        state = self.fused.index_select(0, pos.view(1))
+    def _greedy_chain(self, last: torch.Tensor, positions: torch.Tensor, window: int, k: int) -> torch.Tensor:
+        """The chain on device (positions [k]: its rows'): states and tokens never leave the GPU."""
+        state = self.fused.index_select(0, positions[:1])
         token, drafts = last, []
         for i in range(k):
-            span = StaticSpan(self.cache, pos + i, 1, window, self.cos, self.sin)
+            span = StaticSpan(self.cache, positions[i : i + 1], window, self.cos, self.sin)
             state = self._rows(span, state, token)
             token = self.draft_to_target[self.logits(state).argmax(-1)]
             drafts.append(token)

@@ -96,10 +96,10 @@ class Qwen3Model:
         """
         return self.run(ids, Span(cache, start, ids.shape[0], self.cos, self.sin), capture, all_logits)
 
-    def forward_static(self, ids: torch.Tensor, start: torch.Tensor, cache: KVCache, window: int,
+    def forward_static(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, window: int,
                        capture: Sequence[int] = (), all_logits: bool = False) -> ForwardOut:
-        """As `forward`, with the start position in device memory (CUDA-graph capturable)."""
-        span = StaticSpan(cache, start, ids.shape[0], window, self.cos, self.sin)
+        """As `forward`, with the rows' positions in device memory (CUDA-graph capturable)."""
+        span = StaticSpan(cache, positions, window, self.cos, self.sin)
         return self.run(ids, span, capture, all_logits)
 
     def run(self, ids: torch.Tensor, span, capture: Sequence[int], all_logits: bool) -> ForwardOut:

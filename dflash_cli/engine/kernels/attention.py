@@ -41,7 +41,7 @@ MERGE_TRIGGER = os.environ.get("DFLASH_MERGE_TRIGGER", "1") == "1"
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_qt, stride_qh,
+def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_lt, stride_qt, stride_qh,
                   stride_ks, stride_kh, stride_vs, stride_vh, scale,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   SPLIT: tl.constexpr, PDL: tl.constexpr):
@@ -55,7 +55,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     offs_d = tl.arange(0, D)
     q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=rmask[:, None], other=0.0)
-    lim = tl.load(limit_ptr + t, mask=rmask, other=-1)
+    lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
     max_lim = tl.max(lim, axis=0)
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_R,), tl.float32)
@@ -120,7 +120,8 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: torch.Tensor,
                      scale: float) -> torch.Tensor:
-    """q [T, H, D]; k, v [S, KV, D] (the window); limit [T] int64 -> [T, H*D]."""
+    """q [T, H, D]; k, v [S, KV, D] (the window); limit [T] int64 (any stride: a broadcast one for a
+    non-causal block) -> [T, H*D]."""
     t, h, d = q.shape
     s, kv, _ = k.shape
     g = h // kv
@@ -132,7 +133,7 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     part_o = torch.empty((kv, nsplit, block_r, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((kv, nsplit, block_r, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
-    _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, q.stride(0), q.stride(1),
+    _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0), q.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                                 G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                                 **launch_options(q.device, ATTENTION_PDL))
