@@ -17,6 +17,8 @@ from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
 from tiny import make_dflash, make_eagle3, make_qwen3
 
+GREEDY = SamplingParams()
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
@@ -122,3 +124,25 @@ def test_longer_rope_tables_clear_captured_target_graphs(tmp_path):
         a, b = eager.forward([tok]), static.forward([tok])
         assert torch.allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
     assert static.fast.steps and longer.fast is not static.fast
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+def test_plain_lookahead_changes_no_token(models, path):
+    """The queued next forward (on by default on CUDA) against plain steps: same tokens at stop ids, at
+    max_tokens, at a full context, across a continued conversation and with sampling."""
+    target = models[0]
+    prompt = list(range(30, 70))
+    ref = generate(Session(target, 200, path=path), PlainDecoder(lookahead=False), Request(prompt, GREEDY, 40)).tokens
+    stop = ref[9]
+    for max_len, max_tokens, stops in ((200, 40, ()), (200, 7, ()), (200, 40, (stop,)), (len(prompt) + 12, 40, ())):
+        runs = []
+        for lookahead in (False, True):
+            s = Session(target, max_len, path=path)
+            first = generate(s, PlainDecoder(lookahead), Request(prompt, GREEDY, max_tokens, stops))
+            more = generate(s, PlainDecoder(lookahead), Request([5, 6], GREEDY, 3)) if s.room() > 6 else None
+            runs.append((first.tokens, first.finish_reason, first.context_full, s.length, s.pending,
+                         more and more.tokens))
+        assert runs[0] == runs[1]
+    sampled = [generate(Session(target, 200, path=path), PlainDecoder(lookahead),
+                        Request(prompt, SamplingParams(temperature=0.8, seed=3), 20)).tokens for lookahead in (0, 1)]
+    assert sampled[0] == sampled[1]

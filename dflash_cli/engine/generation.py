@@ -46,21 +46,43 @@ class Decoder(Protocol):
 
 
 class PlainDecoder:
-    """One target forward per token."""
+    """One target forward per token.
+
+    With lookahead (the default on CUDA) a step also queues the next step's forward, fed the token it just
+    sampled on the device, before it waits for that token: the GPU computes token t+1 while the host reads
+    token t, streams it and checks the stop conditions. A queued forward nobody asks for (the generation
+    stopped) is dropped; the cache row it wrote is the last emitted token's own, written again when that
+    token is forwarded."""
 
     kind = "none"
 
+    def __init__(self, lookahead: bool | None = None):
+        self.lookahead = lookahead  # None: on CUDA (on CPU the queued forward would just run first)
+        self._ahead = None  # (position, the sampled token as a device tensor) of a queued forward
+
     def prefill(self, session: Session, ids: list[int]) -> torch.Tensor:
+        self._ahead = None
         return session.forward(ids).logits[-1]
 
     def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
         t0 = mark(session.device)
-        tok = sample(session.forward([last]).logits[-1], params, gen)
+        if self._ahead is not None and self._ahead[0] == session.length:
+            session.length += 1  # `last` went through the queued forward: commit it
+            tok = self._ahead[1]
+        else:
+            tok = sample(session.forward([last]).logits[-1], params, gen)
+        self._ahead = None
+        ahead = session.device.type == "cuda" if self.lookahead is None else self.lookahead
+        if ahead and budget > 1 and session.length + 1 < session.max_len:
+            at = session.length
+            out = session.forward(tok.view(1))  # the next step's forward; committed when it is used
+            session.length = at
+            self._ahead = (at, sample(out.logits[-1], params, gen))
         t1 = mark(session.device)
         return Step(emitted=[int(tok.item())], marks=(t0, t0, t1))  # the step's one host sync
 
     def sync(self, session: Session) -> None:
-        pass
+        self._ahead = None
 
 
 @dataclass

@@ -90,11 +90,11 @@ class Graphs:
         src = host_ids((list(ids) if on_host else []) + pos, self.device)
         if step is None:
             step = self.steps[key] = self._build(key, ids, src, on_host)
-        elif on_host:
+        elif on_host and step.inputs is not None:
             step.inputs.copy_(src, non_blocking=True)
         else:
-            step.ids.copy_(ids, non_blocking=True)
-            step.positions.copy_(src, non_blocking=True)
+            step.ids.copy_(src[:n] if on_host else ids, non_blocking=True)
+            step.positions.copy_(src[n:] if on_host else src, non_blocking=True)
         if step.graph is not None:
             step.graph.replay()
         else:
