@@ -3,9 +3,9 @@
 A graph is captured once per (rows, attention window, capture, all_logits) and
 replayed at any position: the token ids and the rows' positions are copied into
 static device buffers (one copy from pinned memory, no kernel), attention reads a
-fixed window of the cache under a mask built from the positions on the device. Windows are power-of-two buckets, so a graph
-is reused for thousands of positions and attention reads little beyond the
-committed length. On CPU (or with `graphs=False`) the same static forward runs
+fixed window of the cache under a mask built from the positions on the device.
+Windows are power-of-two buckets, so a graph is reused for thousands of positions
+and attention reads little beyond the committed length. On CPU (or with `graphs=False`) the same static forward runs
 eagerly: that is how its correctness is tested without a GPU.
 """
 

@@ -175,8 +175,8 @@ def plan(m: int, n: int, k: int) -> tuple:
     # Up to 8 rows, more warps on a tile before K splits over blocks: the warps add up in shared memory, the
     # splits through a workspace. H100 (benchmarks/gemm_bench.py --tune, 2026-11-23-h100/tiles/): o_proj 9.0 us
     # with 8 warps and no split vs 10.5 with 4 warps and 2 splits; down 20.6 vs 22.6; decode replay 3.63 ->
-    # 3.44 ms.
-    if tiles * warps < 132 * 16 and chunks // (2 * warps) >= 8:
+    # 3.44 ms. At 16 rows (x loads doubled) 8 warps lose: o 14.6 vs 12.1 us.
+    if m <= 8 and tiles * warps < 132 * 16 and chunks // (2 * warps) >= 8:
         warps = 8
     while tiles * splits * warps < 132 * 16 and chunks // (splits * 2 * warps) >= 8 \
             and splits * 2 * 16 * n <= WS_FLOATS:
@@ -184,11 +184,17 @@ def plan(m: int, n: int, k: int) -> tuple:
     return warps, splits, 4
 
 
-def fits(n: int, k: int, config: tuple) -> bool:
-    """Whether a (warps, splits, unroll[, kind]) plan can run an [N, K] weight (tiles, workspace, unroll)."""
-    warps, splits, unroll, kind = (*config, "tile8")[:4]
+def _unpack(config: tuple) -> tuple[int, int, int, str]:
+    """(warps, splits, unroll, kind) of a plan; a plan without a kind is an 8-row tile one."""
+    return (*config, "tile8")[:4]
+
+
+def fits(n: int, config: tuple) -> bool:
+    """Whether a (warps, splits, unroll[, kind]) plan can run a weight of N rows (tiles, workspace, unroll)."""
+    warps, splits, unroll, kind = _unpack(config)
     rows = 16 if kind == "tile16" else 8
-    return (unroll in (2, 4, 8) and n % rows == 0 and n // rows <= MAX_TILES and (splits == 1 or splits * 16 * n <= WS_FLOATS))
+    return (unroll in (2, 4, 8) and n % rows == 0 and n // rows <= MAX_TILES
+            and (splits == 1 or splits * 16 * n <= WS_FLOATS))
 
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
@@ -199,9 +205,9 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
     m, k = x.shape
     n = w.shape[0]
     config = config or plan(m, n, k)
-    if not fits(n, k, config):
+    if not fits(n, config):
         raise ValueError(f"plan {config} does not fit a [{n}, {k}] weight")
-    warps, splits, unroll, kind = (*config, "tile8")[:4]
+    warps, splits, unroll, kind = _unpack(config)
     out = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
     suffix = "_swiglu" if swiglu else ""
     if kind == "tile16":
