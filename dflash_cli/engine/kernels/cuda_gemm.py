@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ...errors import DflashError
 from . import pdl
 
 # The source lives in the checkout's csrc/ (the README installs editable); a wheel without it keeps cuBLAS.
@@ -153,8 +154,11 @@ def _plans_from_env() -> dict:
     path = os.environ.get("DFLASH_GEMM_PLANS")
     if not path:
         return {}
-    with open(path) as f:
-        return {tuple(int(v) for v in key.split(",")): tuple(cfg) for key, cfg in json.load(f).items()}
+    try:
+        with open(path) as f:
+            return {tuple(int(v) for v in key.split(",")): tuple(cfg) for key, cfg in json.load(f).items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise DflashError(f"DFLASH_GEMM_PLANS={path}: not a plan table ({exc})") from None
 
 
 _PLANS = _plans_from_env()
