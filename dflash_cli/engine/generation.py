@@ -14,7 +14,7 @@ import torch
 
 from ..errors import DflashError
 from .sampling import SamplingParams, sample
-from .session import Session, elapsed, mark, now
+from .session import Session, elapsed, mark, now, read_later
 
 
 @dataclass
@@ -73,13 +73,15 @@ class PlainDecoder:
             tok = sample(session.forward([last]).logits[-1], params, gen)
         self._ahead = None
         ahead = session.device.type == "cuda" if self.lookahead is None else self.lookahead
+        # Queued before the next forward, so reading it waits for this step's token only.
+        value = read_later(tok.view(1))
         if ahead and budget > 1 and session.length + 1 < session.max_len:
             at = session.length
             out = session.forward(tok.view(1))  # the next step's forward; committed when it is used
             session.length = at
             self._ahead = (at, sample(out.logits[-1], params, gen))
         t1 = mark(session.device)
-        return Step(emitted=[int(tok.item())], marks=(t0, t0, t1))  # the step's one host sync
+        return Step(emitted=value(), marks=(t0, t0, t1))  # the step's one host sync
 
     def sync(self, session: Session) -> None:
         self._ahead = None

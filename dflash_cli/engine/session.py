@@ -38,6 +38,24 @@ def elapsed(a, b) -> float:
     return a.elapsed_time(b) / 1000
 
 
+def read_later(t: torch.Tensor):
+    """Start bringing a device tensor's values to the host now; the returned callable waits for this copy only,
+    not for work queued after it, and gives them as a list (on CPU they are read at once)."""
+    if t.device.type != "cuda":
+        values = t.tolist()
+        return lambda: values
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(t.device))
+
+    def read() -> list:
+        copied.synchronize()
+        return host.tolist()
+
+    return read
+
+
 class Session:
     """Target model + static KV cache with a committed length.
 
