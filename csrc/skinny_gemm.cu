@@ -19,11 +19,20 @@
 namespace {
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
-  // W is read once per step: keep it out of L1.
+  // W is read once per step: keep it out of L1 (and with STREAM_EVICT_FIRST, first out of L2, so the stream does
+  // not push out the next weight's warmed rows).
   uint4 v;
+#ifdef STREAM_EVICT_FIRST
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
+#endif
   return v;
 }
 
@@ -49,6 +58,34 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// The L2 warm-up for the product read next: up to two byte ranges (a weight's first rows, or the first rows of
+// each half of [gate; up]) that each block, once its own loads are done, asks to be fetched into L2 (its share of
+// them). The next product then finds its first rows in L2 when it starts. A hint: nothing waits on it. Measured on
+// the H100 (benchmarks/2026-11-23-h100/session4/): a few MB win, more loses, and so does warming only from the blocks
+// that finish last.
+struct Warm {
+  const char* a;
+  const char* b;
+  int a_bytes, b_bytes;
+};
+
+__device__ __forceinline__ void warm_share(const char* base, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bytes <= 0 || (threadIdx.x >> 5) != 0) return;
+  const int blocks = gridDim.x * gridDim.y, block = blockIdx.y * gridDim.x + blockIdx.x;
+  const int share = ((bytes + blocks - 1) / blocks + 15) & ~15;  // 16-byte granules, as the instruction needs
+  const int start = block * share, end = min(bytes, start + share);
+  constexpr int PIECE = 4096;
+  for (int o = start + (threadIdx.x & 31) * PIECE; o < end; o += 32 * PIECE)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + o), "r"(min(PIECE, end - o)) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void warm_l2(const Warm& warm) {
+  warm_share(warm.a, warm.a_bytes);
+  warm_share(warm.b, warm.b_bytes);
 }
 
 // A thread's place in a launch: lane, quad row g and column t (the mma fragment coordinates), its tile
@@ -131,7 +168,7 @@ __device__ __forceinline__ __nv_bfloat162 swiglu2(float g0, float g1, float u0, 
 template <bool HIGH, int U, bool SWIGLU>
 __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                             __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
-                                            int* __restrict__ counters, int M, int N, int K) {
+                                            int* __restrict__ counters, int M, int N, int K, const Warm& warm) {
   extern __shared__ float red[];  // [NW][32][4]
   const Place p(K);
   const int g = p.g, t = p.t, tile = p.tile, c1 = p.c1;
@@ -184,6 +221,7 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     mma_bf16(acc, xl.z, xh.z, xl.w, xh.w, w1.z, w1.w);
   }
 
+  warm_l2(warm);
   if (!sum_warps<4>(acc, red, p) || !gather_splits<4>(acc, ws, counters, N, p)) return;
   // acc[0..1]: token g, columns 2t, 2t+1 of the tile; acc[2..3]: token g+8.
   const int col = tile * 8 + 2 * t;
@@ -214,7 +252,7 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
 template <int TOK, int U, bool SWIGLU>
 __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                        __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
-                                       int* __restrict__ counters, int M, int N, int K) {
+                                       int* __restrict__ counters, int M, int N, int K, const Warm& warm) {
   extern __shared__ float red[];  // [NW][32][F]
   constexpr int F = TOK > 8 ? 8 : 4;  // accumulators per lane: tokens 0..7, and 8..15 with TOK 16
   const Place p(K);
@@ -286,6 +324,7 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
     }
   }
 
+  warm_l2(warm);
   if (!sum_warps<F>(&acc[0][0], red, p) || !gather_splits<F>(&acc[0][0], ws, counters, N, p)) return;
   // C fragment: [0], [1] are A row g for tokens 2t, 2t + 1; [2], [3] row g + 8 (lo: tokens 0..7, hi: 8..15).
   const int tok = 2 * t;
@@ -326,8 +365,9 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
 
 #define SKINNY_ENTRY(NAME, HIGH, U, SWIGLU)                                                                    \
   extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
-                                  int* counters, int M, int N, int K) {                                          \
-    skinny_tile<HIGH, U, SWIGLU>(x, w, out, ws, counters, M, N, K);                                              \
+                                  int* counters, int M, int N, int K, const char* warm_a, int warm_a_bytes,       \
+                                  const char* warm_b, int warm_b_bytes) {                                        \
+    skinny_tile<HIGH, U, SWIGLU>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}); \
   }
 
 #define SKINNY_ENTRIES(M, HIGH, U)                    \
@@ -343,8 +383,9 @@ SKINNY_ENTRIES(16, true, 8)
 
 #define TILE16_ENTRY(NAME, TOK, U, SWIGLU)                                                                    \
   extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
-                                  int* counters, int M, int N, int K) {                                          \
-    tile16<TOK, U, SWIGLU>(x, w, out, ws, counters, M, N, K);                                                    \
+                                  int* counters, int M, int N, int K, const char* warm_a, int warm_a_bytes,       \
+                                  const char* warm_b, int warm_b_bytes) {                                        \
+    tile16<TOK, U, SWIGLU>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}); \
   }
 
 #define TILE16_ENTRIES(TOK, U)                              \

@@ -76,3 +76,21 @@ def test_window_attention_kernel_needs_unit_stride_values(monkeypatch):
     got = ops.attention_window(q, k, strided, limit, 0.125)
     vis = torch.arange(300)[None, :] <= limit[:, None]
     assert torch.allclose(got, ops.attention_masked(q, k, strided.contiguous(), vis, 0.125), atol=1e-6)
+
+
+def test_warm_ranges_cover_the_first_rows_of_each_block(monkeypatch):
+    """The L2 warm-up after a product: the budget split over the blocks read side by side (gate and up),
+    clipped to each block, in whole 16-byte granules; nothing when off or when there is no next weight."""
+    from dflash_cli.models.decoder import DecoderLayer, mlp_rows
+
+    monkeypatch.setattr(ops, "_WARM_BYTES", 1 << 20)
+    gate_up = torch.zeros(2 * 1024, 512, dtype=torch.bfloat16)  # 2 MiB: gate rows, then up rows
+    layer = DecoderLayer(qkv=None, qkv_bias=None, o=None, gate_up=gate_up, down=None, input_norm=None,
+                         post_norm=None, q_norm=None, k_norm=None)
+    (a, a_bytes), (b, b_bytes) = ops.warm_ranges(mlp_rows(layer))
+    assert (a, b) == (gate_up.data_ptr(), gate_up[1024:].data_ptr()) and a_bytes == b_bytes == 1 << 19
+    small = torch.zeros(3, 7, dtype=torch.bfloat16)  # 42 bytes: its whole granules only
+    assert ops.warm_ranges(small) == ((small.data_ptr(), 32),)
+    assert ops.warm_ranges(None) == ()
+    monkeypatch.setattr(ops, "_WARM_BYTES", 0)
+    assert ops.warm_ranges(gate_up) == ()

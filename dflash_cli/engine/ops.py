@@ -53,10 +53,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, then=None) -> torch.Tensor:
+    """x @ weight^T (+ bias). then: the weight the model reads next (a tensor, or a tuple of row blocks read side
+    by side), whose first rows the CUDA GEMM fetches into L2 after its own (`warm_ranges`); a hint only."""
     if bias is None and (gemm := fast_gemm(x, weight)) is not None:
+        if _cuda_gemm and gemm is _cuda_gemm.skinny_linear:  # the Triton kernel has no warm-up
+            return gemm(x, weight, warm=warm_ranges(then))
         return gemm(x, weight)
     return F.linear(x, weight, bias)
+
+
+# Bytes of the next weight warmed into L2 after a product (0: off). H100 graph replays, every product warming the
+# next one (benchmarks/2026-11-23-h100/session4/): decode 3.466 ms with none, 3.419 with 2 MB, 3.386 with 4, 3.388
+# with 6, 3.41 with 8 and 3.62 with 16; verify-16 3.727 -> 3.639 and ctx 8192 decode 3.877 -> 3.862 with 4 MB.
+# Warming only the o projection during attention (12-24 MB) was slower than none.
+_WARM_BYTES = int(float(os.environ.get("DFLASH_L2_WARM_MB", "4")) * (1 << 20))
+
+
+def warm_ranges(then) -> tuple:
+    """(address, bytes) of the first rows of each block of `then`, _WARM_BYTES in all (see `linear`)."""
+    if then is None or _WARM_BYTES <= 0:
+        return ()
+    parts = then if isinstance(then, (tuple, list)) else (then,)
+    each = (_WARM_BYTES // len(parts)) & ~4095
+    return tuple((p.data_ptr(), min(each, p.numel() * p.element_size()) & ~15) for p in parts
+                 if p.is_contiguous())
+
 
 
 def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -116,13 +138,14 @@ def _cuda_gemm_for(x: torch.Tensor, w: torch.Tensor):
 _SWIGLU_FUSED = os.environ.get("DFLASH_SWIGLU_FUSED", "1") != "0"
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None) -> torch.Tensor:
     """An MLP's first half: silu(x @ gate^T) * (x @ up^T) with gate_up = [gate; up] ([2I, H]) -> [T, I].
-    Where the CUDA GEMM takes the product, the activation runs in its epilogue (no kernel of its own)."""
+    Where the CUDA GEMM takes the product, the activation runs in its epilogue (no kernel of its own).
+    then: as in `linear`."""
     if (_SWIGLU_FUSED and _GEMM == "auto" and gate_up.shape[0] < VOCAB_ROWS and _skinny(x, gate_up)
             and (gemm := _cuda_gemm_for(x, gate_up)) is not None):
-        return gemm.skinny_linear(x, gate_up, swiglu=True)
-    return silu_mul(linear(x, gate_up))
+        return gemm.skinny_linear(x, gate_up, swiglu=True, warm=warm_ranges(then))
+    return silu_mul(linear(x, gate_up, then=then))
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

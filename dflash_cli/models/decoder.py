@@ -69,6 +69,12 @@ class DecoderLayer:
         )
 
 
+def mlp_rows(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate_up as the fused SwiGLU product reads it, gate row j beside up row j: the `then` of the product
+    before it (ops.linear)."""
+    return tuple(layer.gate_up.chunk(2))
+
+
 def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span, index: int,
                    scale: float) -> torch.Tensor:
     """x [T, hidden] (normed) -> attention output [T, H*D] before o_proj: project, q/k norm + RoPE,
@@ -78,7 +84,7 @@ def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span,
         q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin)
         return span.attend(index, q, k, v, scale)
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias).split([nh * d, nkv * d, nkv * d], dim=-1)
+    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o).split([nh * d, nkv * d, nkv * d], dim=-1)
     return fused(index, q.reshape(-1, nh, d), k.reshape(-1, nkv, d), v.reshape(-1, nkv, d), layer.q_norm,
                  layer.k_norm, cfg.rms_norm_eps, scale)
 
@@ -87,7 +93,7 @@ def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos
     """x: [T, hidden] (already normed) -> q [T, H, D], k, v [T, KV, D]; q/k normed and rotated
     at the rows' positions (cos/sin [T, D]); one fused kernel for both on the GPU."""
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    qkv = ops.linear(x, layer.qkv, layer.qkv_bias)
+    qkv = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o)
     q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
     q, k = ops.qk_norm_rope(q.reshape(-1, nh, d), k.reshape(-1, nkv, d), layer.q_norm, layer.k_norm,
                             cfg.rms_norm_eps, cos, sin)

@@ -21,7 +21,7 @@ from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, project_kv, self_attention, split_kv
+from .decoder import DecoderLayer, layer_shapes, mlp_rows, project_kv, self_attention, split_kv
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -194,10 +194,12 @@ class DFlashDrafter:
         eps, last = m.rms_norm_eps, len(self.layers) - 1
         x = ops.rms_norm(h, self.layers[0].input_norm, eps)
         # Each residual add is fused with the norm that follows it (one kernel on the GPU).
+        # Each product names the weight read after it (`then`): the GPU warms its first rows into L2.
+        reads_next = [layer.qkv for layer in self.layers[1:]] + [self.target.lm_head]
         for i, layer in enumerate(self.layers):
-            h, x = ops.add_rms_norm(h, ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o),
-                                    layer.post_norm, eps)
-            mlp = ops.linear(ops.swiglu(x, layer.gate_up), layer.down)
+            attn = self_attention(layer, x, m, span, i, self.scale)
+            h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
+            mlp = ops.linear(ops.swiglu(x, layer.gate_up, then=layer.down), layer.down, then=reads_next[i])
             if i == last:
                 return ops.add_rms_norm(h, mlp, self.norm, eps)[1] if final_norm else h + mlp
             h, x = ops.add_rms_norm(h, mlp, self.layers[i + 1].input_norm, eps)

@@ -14,7 +14,7 @@ from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, self_attention
+from .decoder import DecoderLayer, layer_shapes, mlp_rows, self_attention
 
 
 def checkpoint_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -109,11 +109,13 @@ class Qwen3Model:
         x = ops.rms_norm(h, self.layers[0].input_norm, eps)
         # Each residual add is fused with the norm that follows it (the next layer's, or the final one).
         norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
+        # Each product names the weight read after it (`then`): the GPU warms that weight's first rows into L2.
+        reads_next = [layer.qkv for layer in self.layers[1:]] + [self.lm_head]
         for i, layer in enumerate(self.layers):
             attn = self_attention(layer, x, cfg, span, i, self.scale)
-            h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o), layer.post_norm, eps)
-            h, x = ops.add_rms_norm(h, ops.linear(ops.swiglu(x, layer.gate_up), layer.down),
-                                    norms[i], eps)
+            h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
+            mlp = ops.linear(ops.swiglu(x, layer.gate_up, then=layer.down), layer.down, then=reads_next[i])
+            h, x = ops.add_rms_norm(h, mlp, norms[i], eps)
             if i + 1 in capture:
                 captured[i + 1] = h
         logits = ops.logits(x if all_logits else x[-1:], self.lm_head)

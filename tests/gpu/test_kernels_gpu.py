@@ -88,6 +88,13 @@ def test_skinny_gemms_match_reference_bf16(m):
             y = cuda_gemm.skinny_linear(x, w)
             assert err(y) <= 1e-2
             assert torch.equal(y, cuda_gemm.skinny_linear(x, w))  # split-K partials add in a fixed order
+            # Warming another weight into L2 is a hint: the same bits, whatever the ranges (odd-sized, two).
+            other = torch.randn(4099, 1024, dtype=bf, device=dev)
+            warm = ((other.data_ptr(), 1 << 20), (other[2048:].data_ptr(), (other[2048:].numel() * 2) & ~15))
+            assert torch.equal(y, cuda_gemm.skinny_linear(x, w, warm=warm))
+            if cuda_gemm.fits(n, (4, 1, 4, "tile16")):
+                t16 = cuda_gemm.skinny_linear(x, w, (4, 1, 4, "tile16"))
+                assert torch.equal(t16, cuda_gemm.skinny_linear(x, w, (4, 1, 4, "tile16"), warm=warm[:1]))
             for cfg in ((1, 1, 2), (8, 4, 4), (2, 8, 8), (4, 1, 8, "tile16"), (2, 2, 4, "tile16"),
                         (8, 4, 2, "tile16")):
                 if cuda_gemm.fits(n, cfg):
