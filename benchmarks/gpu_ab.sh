@@ -2,7 +2,8 @@
 # One device call: GPU kernel and graph tests, then graph replays (decode, verify, draft; benchmarks/
 # step_profile.py) and the synthetic bench at ctx 1024 for the build as it is and for each switch in
 # VARIANTS ("name:ENV=V[,ENV=V]" separated by spaces), then the full step profile and ctx 8192.
-# Env: PYTEST_K, GEMM_TABLE (rows for a GEMM table), TUNE (see below).
+# Env: PYTEST_K, GEMM_TABLE (rows for a GEMM table), TUNE (see below); BENCH="name ..." benches only those
+# variants (the others get their replays; as_built is the build as it is), CTX8192=0 skips the ctx 8192 bench.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -20,8 +21,9 @@ for round in 1 2; do  # two rounds, interleaved: host noise shows as the spread 
     name=${v%%:*}; envs=${v#*:}
     echo "=== replays $name (round $round): ${envs//,/ }"
     env ${envs//,/ } REPLAYS_ONLY=1 timeout 90 python benchmarks/step_profile.py 2>&1 | grep "graph replay"
-    [ "$round" = 1 ] && bench "ctx1024_$name" 1024 dflash,eagle3 128 ${envs//,/ }
+    [ "$round" = 1 ] && { [ -z "$BENCH" ] || [[ " $BENCH " == *" $name "* ]]; } && \
+      bench "ctx1024_$name" 1024 dflash,eagle3 128 ${envs//,/ }
   done
 done
-timeout 150 python benchmarks/step_profile.py 2>&1 | grep -v Warning
-bench ctx8192 8192 dflash,eagle3 128
+[ "${PROFILE:-1}" = 1 ] && timeout 150 python benchmarks/step_profile.py 2>&1 | grep -v Warning
+[ "${CTX8192:-1}" = 1 ] && bench ctx8192 8192 dflash,eagle3 128

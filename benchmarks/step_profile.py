@@ -66,23 +66,20 @@ def busy_us(prof) -> tuple[float, float, list[float]]:
     return busy, spans[-1][1] - spans[0][0], gaps
 
 
-def spec_steps(model, drafter, tau=6.0, new=128):
-    """Forced-acceptance DFlash generations through the real driver, on graphs."""
-    from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
+def decode_steps(model, decoder, label, new=128):
+    """Generations through the real driver on graphs: wall time per step against the time the GPU is busy."""
     from dflash_cli.engine.generation import Request, generate
-    from dflash_cli.engine.proposers.dflash import DFlashProposer
     from dflash_cli.engine.sampling import SamplingParams
     from dflash_cli.engine.session import Session
 
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
-    seq = prompt + torch.randint(0, 1000, (new + 64,), generator=g).tolist()
     session = Session(model, CTX + new + 64, "graphs")
-    decoder = ForcedDecoder(ForcedAcceptance(DFlashProposer(drafter), seq, tau, model.cfg.vocab_size), None)
 
     def run():
         session.reset()
-        decoder.proposer.reset(session.max_len, session.path)
+        if hasattr(decoder, "proposer"):
+            decoder.proposer.reset(session.max_len, session.path)
         return generate(session, decoder, Request(prompt, SamplingParams(), new))
 
     run()  # captures
@@ -90,7 +87,7 @@ def spec_steps(model, drafter, tau=6.0, new=128):
     n = len(res.steps)
     draft = sum(s.draft_s for s in res.steps) / n * 1000
     verify = sum(s.verify_s for s in res.steps) / n * 1000
-    print(f"\nDFlash steps (graphs, forced tau {tau}): {n} steps, wall {res.decode_s / n * 1000:.3f} ms/step "
+    print(f"\n{label}: {n} steps, wall {res.decode_s / n * 1000:.3f} ms/step "
           f"(draft {draft:.3f}, verify+accept+absorb {verify:.3f}), {res.decode_tok_per_s:.1f} tok/s")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -107,6 +104,18 @@ def spec_steps(model, drafter, tau=6.0, new=128):
     print("  kernels per step (incl. graph nodes):")
     for us, c, key in rows[:14]:
         print(f"  {us:8.1f} us  {c:5.1f}x  {key[:90]}")
+
+
+def spec_steps(model, drafter, tau=6.0, new=128):
+    """Forced-acceptance DFlash generations through the real driver, on graphs."""
+    from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
+    from dflash_cli.engine.proposers.dflash import DFlashProposer
+
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
+    seq = prompt + torch.randint(0, 1000, (new + 64,), generator=g).tolist()
+    decoder = ForcedDecoder(ForcedAcceptance(DFlashProposer(drafter), seq, tau, model.cfg.vocab_size), None)
+    decode_steps(model, decoder, f"DFlash steps (graphs, forced tau {tau})", new)
 
 
 def main():
@@ -136,6 +145,9 @@ def main():
     drafter.reset(CTX + 256, "static")
     drafter.absorb(out.hidden, 0)
     profile(draft, 5, "DFlash draft (eager static)")
+    from dflash_cli.engine.generation import PlainDecoder
+
+    decode_steps(model, PlainDecoder(), "plain steps (graphs, lookahead)")
     spec_steps(model, drafter)
 
 
