@@ -19,20 +19,11 @@
 namespace {
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
-  // W is read once per step: keep it out of L1 (and with STREAM_EVICT_FIRST, first out of L2, so the stream does
-  // not push out the next weight's warmed rows).
+  // W is read once per step: keep it out of L1.
   uint4 v;
-#ifdef STREAM_EVICT_FIRST
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
-#endif
   return v;
 }
 

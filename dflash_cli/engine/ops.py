@@ -80,7 +80,6 @@ def warm_ranges(then) -> tuple:
                  if p.is_contiguous())
 
 
-
 def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """float32 logits of x over a vocabulary head: linear(x, weight).float(), with the vocabulary head's
     kernel writing them widened itself (no conversion kernel over [rows, vocab] after it)."""
