@@ -94,3 +94,15 @@ def test_warm_ranges_cover_the_first_rows_of_each_block(monkeypatch):
     assert ops.warm_ranges(None) == ()
     monkeypatch.setattr(ops, "_WARM_BYTES", 0)
     assert ops.warm_ranges(gate_up) == ()
+
+
+def test_numeric_switches_name_themselves_when_malformed(monkeypatch):
+    from dflash_cli.errors import DflashError
+
+    monkeypatch.setenv("DFLASH_L2_WARM_MB", "2.5")
+    assert ops._env_number("DFLASH_L2_WARM_MB", 4.0, float) == 2.5
+    monkeypatch.delenv("DFLASH_L2_WARM_MB")
+    assert ops._env_number("DFLASH_L2_WARM_MB", 4.0, float) == 4.0
+    monkeypatch.setenv("DFLASH_GEMM_MAX_M", "x")
+    with pytest.raises(DflashError, match="DFLASH_GEMM_MAX_M='x': not an integer"):
+        ops._env_number("DFLASH_GEMM_MAX_M", 16, int)
