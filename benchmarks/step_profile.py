@@ -2,7 +2,7 @@
 
 Times graph replays of the decode step (1 row) and a 16-row verify, then profiles the same static forwards
 run eagerly (kernel durations, not launch gaps) and a DFlash draft, listing kernels by total time per step.
-Last, whole forced-acceptance DFlash steps as the bench runs them (graphs): wall time per step against the
+Last, whole forced-acceptance DFlash and EAGLE-3 steps as the bench runs them (graphs): wall time per step against the
 time the GPU is busy, so the host's share of a step (launches, the one sync, Python) is measured.
 REPLAYS_ONLY=1 stops after the graph replays (for A/B runs of a switch).
 """
@@ -106,16 +106,16 @@ def decode_steps(model, decoder, label, new=128):
         print(f"  {us:8.1f} us  {c:5.1f}x  {key[:90]}")
 
 
-def spec_steps(model, drafter, tau=6.0, new=128):
-    """Forced-acceptance DFlash generations through the real driver, on graphs."""
+def spec_steps(model, proposer, label, tau=6.0, new=128):
+    """Forced-acceptance generations through the real driver, on graphs."""
     from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
-    from dflash_cli.engine.proposers.dflash import DFlashProposer
 
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
     seq = prompt + torch.randint(0, 1000, (new + 64,), generator=g).tolist()
-    decoder = ForcedDecoder(ForcedAcceptance(DFlashProposer(drafter), seq, tau, model.cfg.vocab_size), None)
-    decode_steps(model, decoder, f"DFlash steps (graphs, forced tau {tau})", new)
+    draft_len = 7 if proposer.kind == "eagle3" else None  # the bench's EAGLE-3 chain
+    decoder = ForcedDecoder(ForcedAcceptance(proposer, seq, tau, model.cfg.vocab_size), draft_len)
+    decode_steps(model, decoder, f"{label} steps (graphs, forced tau {tau})", new)
 
 
 def main():
@@ -147,8 +147,12 @@ def main():
     profile(draft, 5, "DFlash draft (eager static)")
     from dflash_cli.engine.generation import PlainDecoder
 
+    from dflash_cli.engine.proposers.dflash import DFlashProposer
+    from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
+
     decode_steps(model, PlainDecoder(), "plain steps (graphs, lookahead)")
-    spec_steps(model, drafter)
+    spec_steps(model, DFlashProposer(drafter), "DFlash")
+    spec_steps(model, Eagle3Proposer(random_drafter("qwen3-4b", "eagle3", model)), "EAGLE-3")
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def test_timed_runs_reuse_the_warm_up_decoders_and_graphs(registry, tmp_path, mo
     rep = bench_run.run_modes(bench_run.BenchOptions(drafts=["none", "dflash", "eagle3"], prompts=prompts,
                                                      max_tokens=12, repeat=2))
     assert sorted(made) == ["dflash", "eagle3"] and sorted(loads) == ["dflash", "eagle3"]
-    assert len(graphs_built) == 1 + 2 + 1  # target; DFlash block + absorb; EAGLE-3 chain
+    assert len(graphs_built) == 1 + 2 + 2  # target; per drafter (DFlash, EAGLE-3): proposal + absorb
     lengths = [p["prompt_tokens"] for p in rep["prompts"]]
     assert lengths[0] + 12 + BLOCK < 256 < lengths[1]
     eng = rep["engine"]

@@ -146,3 +146,43 @@ def test_plain_lookahead_changes_no_token(models, path):
     sampled = [generate(Session(target, 200, path=path), PlainDecoder(lookahead),
                         Request(prompt, SamplingParams(temperature=0.8, seed=3), 20)).tokens for lookahead in (0, 1)]
     assert sampled[0] == sampled[1]
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+@pytest.mark.parametrize("draft_len", [1, 3, 5])
+def test_queued_proposals_change_no_draft(models, kind, draft_len):
+    """On the device-position path the next proposal is queued before the host reads the accepted count
+    (absorbing every verified row, rejected ones included). Against the eager path, which absorbs after the
+    read: the same drafts, acceptances and tokens at stop ids inside a span, at max_tokens, at a full
+    context, across a second turn and with sampling (EAGLE-3 queues greedy chains only); and the queued
+    proposals are the ones used."""
+    target, dflash, eagle = models
+    make = (lambda: DFlashProposer(dflash)) if kind == "dflash" else (lambda: Eagle3Proposer(eagle))
+    prompt = list(range(30, 70))
+    ref = generate(Session(target, 300, path="eager"), PlainDecoder(), Request(prompt, GREEDY, 60)).tokens
+    greedy_cases = [(300, 60, ()), (300, 11, ()), (300, 60, (ref[17],)), (300, 60, (ref[30],)),
+                    (len(prompt) + 21, 60, ())]
+    sampled = SamplingParams(temperature=0.8, seed=5)
+    proposals, steps = [0, 0], [0, 0]  # fresh proposals and steps, per path
+    for max_len, max_tokens, stops in greedy_cases + [(300, 40, "sampled")]:
+        params = sampled if stops == "sampled" else GREEDY
+        stops = () if stops == "sampled" else stops
+        runs = []
+        for i, path in enumerate(("eager", "static")):
+            proposer = make()
+            calls = []
+            real = proposer.propose
+            proposer.propose = lambda *a, real=real, calls=calls: calls.append(1) or real(*a)
+            s, decoder = Session(target, max_len, path=path), SpeculativeDecoder(proposer, draft_len)
+            first = generate(s, decoder, Request(prompt, params, max_tokens, stops))
+            more = generate(s, decoder, Request([5, 6], params, 9)) if s.room() > 12 else None
+            runs.append((first.tokens, first.finish_reason, first.context_full, s.length, s.pending,
+                         [(st.draft, st.accepted) for st in first.steps], more and more.tokens,
+                         more and [(st.draft, st.accepted) for st in more.steps]))
+            if params.greedy or kind == "dflash":
+                proposals[i] += len(calls)
+                steps[i] += len(first.steps) + (len(more.steps) if more else 0)
+        assert runs[0] == runs[1]
+    # Eager: every proposal made after the read; static: all but the first of each generation and those
+    # near its end (short second turns: never) were queued.
+    assert proposals[0] == steps[0] and proposals[1] < steps[1] / 2

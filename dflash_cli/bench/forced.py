@@ -53,10 +53,25 @@ class ForcedAcceptance:
         lo = math.floor(mean)
         return lo + (1 if self.rng.random() < mean - lo else 0)
 
+    def queues_ahead(self, params) -> bool:
+        return hasattr(self.inner, "queues_ahead") and self.inner.queues_ahead(params)
+
     def propose(self, last: int, k: int, params, gen):
-        drafts, probs = self.inner.propose(last, k, params, gen)
+        return self._force(self.pos, k, *self.inner.propose(last, k, params, gen))
+
+    def propose_after(self, hidden, ids, start: int, accepted, bonus, k: int, params, gen):
+        # `accepted` is this step's forced count: the host knows where the next proposal starts.
+        at = start + self.forced + 1
+        return self._force(at, k, *self.inner.propose_after(hidden, ids, start, accepted, bonus, k, params, gen))
+
+    def commit(self, length: int) -> None:
+        self.inner.commit(length)
+        self.pos = length
+
+    def _force(self, pos: int, k: int, drafts, probs):
+        """Overwrite the proposal after position `pos` with the forced continuation."""
         n = self.forced = self._n_right(k)
-        truth = self.sequence[self.pos + 1 : self.pos + 1 + min(n + 1, k)]
+        truth = self.sequence[pos + 1 : pos + 1 + min(n + 1, k)]
         head = truth[:n] + [(t + 1) % self.vocab_size for t in truth[n:]]  # the one at n is surely rejected
         if not head:
             return drafts, probs

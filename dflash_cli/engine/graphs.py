@@ -79,12 +79,20 @@ class Graphs:
 
     def __call__(self, ids, start: int, *extra, end: int | None = None, positions=None):
         """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device) at
-        positions [start, start + len(ids)) or the given `positions` (host ints, as many per key);
-        attention reads a window covering `end` (default start + len(ids))."""
+        positions [start, start + len(ids)) or the given `positions` (host ints, as many per key, or a device
+        tensor: then ids must be one too, and `end` bounds the largest position + 1); attention reads a window
+        covering `end` (default start + len(ids))."""
         n = len(ids)
-        pos = list(range(start, start + n)) if positions is None else list(positions)
         key = (n, window_for(end or start + n, self.max_len), *extra)
         step = self.steps.get(key)
+        if torch.is_tensor(positions):  # both on the device: nothing to stage from the host
+            if step is None:
+                step = self.steps[key] = self._build(key, ids, positions.to(self.device, torch.long), False)
+            else:
+                step.ids.copy_(ids, non_blocking=True)
+                step.positions.copy_(positions, non_blocking=True)
+            return self._replay(step, key)
+        pos = list(range(start, start + n)) if positions is None else list(positions)
         on_host = not torch.is_tensor(ids)
         # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
         src = host_ids((list(ids) if on_host else []) + pos, self.device)
@@ -95,6 +103,9 @@ class Graphs:
         else:
             step.ids.copy_(src[:n] if on_host else ids, non_blocking=True)
             step.positions.copy_(src[n:] if on_host else src, non_blocking=True)
+        return self._replay(step, key)
+
+    def _replay(self, step: _Captured, key):
         if step.graph is not None:
             step.graph.replay()
         else:

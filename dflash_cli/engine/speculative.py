@@ -7,10 +7,14 @@ temperature > 0, rejection sampling keeps the target's distribution.
 
 Drafts, the verify input and the acceptance stay on the device: a step waits for
 it once, to bring back the accepted count, the bonus and the drafts together.
+Where the proposer can (on the graphs path: DFlash, greedy EAGLE-3), the next step's absorb and
+proposal are queued before that wait, so the device goes on while the host reads.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -18,7 +22,7 @@ import torch
 from .generation import Step
 from .graphs import upload
 from .sampling import SamplingParams, accept_greedy, accept_sampled, probabilities
-from .session import Session, mark
+from .session import Session, mark, read_later
 
 
 class Proposer(Protocol):
@@ -38,6 +42,25 @@ class Proposer(Protocol):
 
     def rollback(self, length: int) -> None: ...
 
+    # Optional, for a proposer that can be queued before the host reads a step's outcome:
+    #   queues_ahead(params) -> bool: whether it can on this path with these params;
+    #   propose_after(hidden, ids, start, accepted, bonus, k, params, gen): absorb every verified row (states
+    #     `hidden`, tokens `ids`, from position `start`) and propose k drafts after `bonus` at
+    #     start + accepted + 1 (`accepted`, `bonus`: device scalars), without waiting;
+    #   commit(length): the committed length, once the host has read it.
+
+
+@dataclass
+class _Queued:
+    """A proposal queued by the previous step (see SpeculativeDecoder.step)."""
+
+    start: int  # the committed length it follows
+    k: int
+    head: torch.Tensor  # [1]: the previous step's bonus token, on the device
+    drafts: torch.Tensor
+    q: torch.Tensor | None
+    marks: tuple  # device marks around the absorb + proposal
+
 
 class SpeculativeDecoder:
     def __init__(self, proposer: Proposer, draft_len: int | None = None):
@@ -45,6 +68,9 @@ class SpeculativeDecoder:
         self.kind = proposer.kind
         self.draft_len = min(draft_len or proposer.max_draft, proposer.max_draft)
         self._max_len = 0
+        self._queued: _Queued | None = None
+        # DFLASH_QUEUE_AHEAD=0: absorb and propose only after the read (for A/B timing; output is the same).
+        self.queue_ahead = os.environ.get("DFLASH_QUEUE_AHEAD", "1") != "0"
 
     def _ensure(self, session: Session) -> None:
         if self._max_len != session.max_len or session.length == 0:
@@ -52,6 +78,7 @@ class SpeculativeDecoder:
             self._max_len = session.max_len
 
     def prefill(self, session: Session, ids: list[int]) -> torch.Tensor:
+        self._queued = None
         self._ensure(session)
         start = session.length
         out = session.forward(ids, capture=self.proposer.capture)
@@ -63,18 +90,49 @@ class SpeculativeDecoder:
         # Verify writes positions [start, start+k]: shrink k near the end of the cache and of max_tokens
         # (k = budget, not budget-1, keeps block sizes identical to z-lab's reference loop).
         k = max(0, min(self.draft_len, budget, session.max_len - start - 1))
-        t0 = mark(dev)
-        head = upload([last], dev)
-        drafts, q = self.proposer.propose(last, k, params, gen) if k else (head[:0], None)
-        t1 = mark(dev)
-        out = session.forward(torch.cat([head, drafts]), capture=self.proposer.capture, all_logits=True)
+        queued, self._queued = self._queued, None
+        if queued is not None and (queued.start, queued.k) == (start, k):
+            head, drafts, q, (t0, t1) = queued.head, queued.drafts, queued.q, queued.marks
+        else:
+            t0 = mark(dev)
+            head = upload([last], dev)
+            drafts, q = self.proposer.propose(last, k, params, gen) if k else (head[:0], None)
+            t1 = mark(dev)
+        ids = torch.cat([head, drafts])
+        out = session.forward(ids, capture=self.proposer.capture, all_logits=True)
         n, bonus = self.accept(drafts, q, out.logits, params, gen)
-        # The step's one host sync: everything the host needs from the device, in one transfer.
-        n, bonus, *draft = torch.cat([n.view(1), bonus.view(1), drafts]).tolist()
+        t2 = mark(dev)
+        # The step's one host sync: everything the host needs from the device, in one transfer, queued
+        # before the next proposal so that reading it waits for this step only.
+        outcome = read_later(torch.cat([n.view(1), bonus.view(1), drafts]))
+        nxt = self._queue_next(session, out.hidden, ids, start, k, n, bonus, budget, params, gen)
+        n, bonus, *draft = outcome()
         session.length = start + n + 1  # roll back the rejected drafts' KV
-        hidden = out.hidden[: n + 1] if out.hidden is not None else None  # None: a proposer that needs no states
-        self.proposer.absorb(hidden, start, [last] + draft[:n])
-        return Step(emitted=draft[:n] + [bonus], draft=draft, accepted=n, marks=(t0, t1, mark(dev)))
+        if nxt is not None:
+            self.proposer.commit(session.length)
+            nxt.start = session.length
+            self._queued = nxt
+        else:
+            hidden = out.hidden[: n + 1] if out.hidden is not None else None  # None: a proposer that needs no states
+            self.proposer.absorb(hidden, start, [last] + draft[:n])
+        return Step(emitted=draft[:n] + [bonus], draft=draft, accepted=n, marks=(t0, t1, t2))
+
+    def _queue_next(self, session: Session, hidden, ids, start: int, k: int, n, bonus, budget: int,
+                    params: SamplingParams, gen) -> _Queued | None:
+        """The next step's absorb + proposal, queued while the device still verifies this one, so the device
+        never waits for the host between steps. Only where its size is already certain: whatever this step
+        accepts, the next asks for draft_len drafts unless max_tokens or the cache end is near. If the
+        generation stops instead, the queued work is dropped: it wrote only rows past the committed end."""
+        if not (k and self.queue_ahead and hidden is not None and hasattr(self.proposer, "queues_ahead")
+                and self.proposer.queues_ahead(params)):
+            return None
+        most = start + k + 1  # the committed length if every draft is accepted
+        if min(budget - (k + 1), session.max_len - most - 1) < self.draft_len:
+            return None
+        t0 = mark(session.device)
+        drafts, q = self.proposer.propose_after(hidden, ids, start, n, bonus, self.draft_len, params, gen)
+        return _Queued(start=-1, k=self.draft_len, head=bonus.view(1), drafts=drafts, q=q,
+                       marks=(t0, mark(session.device)))
 
     def accept(self, drafts: torch.Tensor, q, logits: torch.Tensor, params: SamplingParams, gen):
         """(accepted drafts, the target's next token) from the verify logits [k+1, V], as device scalars."""
@@ -83,4 +141,5 @@ class SpeculativeDecoder:
         return accept_sampled(drafts, q, probabilities(logits, params), gen)
 
     def sync(self, session: Session) -> None:
+        self._queued = None
         self.proposer.rollback(session.length)

@@ -86,6 +86,8 @@ class DFlashDrafter:
         self.cache: KVCache | None = None
         self.graphs = self.fast = self.fast_absorb = None
         self.ctx_kv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.offsets = torch.arange(c.block_size, device=self.device)  # a block's rows, relative to its start
+        self.masks = torch.full((c.block_size,), c.mask_token_id, device=self.device)
         self.ctx_len = 0
 
     @classmethod
@@ -170,6 +172,27 @@ class DFlashDrafter:
         for i, layer in enumerate(self.layers):
             k, v = split_kv(layer, kv[:, i * width : (i + 1) * width], m)
             span.write(i, ops.apply_rope(k, span.cos, span.sin), v)
+
+    def draft_after(self, hidden: torch.Tensor, start: int, accepted: torch.Tensor, bonus: torch.Tensor,
+                    n_draft: int) -> torch.Tensor:
+        """The next proposal, queued before the host knows how this verify ended (fast paths only).
+
+        Absorbs every verified row [start, start + len(hidden)): the rejected ones are overwritten by the
+        block and by later absorbs. Then drafts n_draft positions after `bonus`, which sits at
+        start + accepted + 1 (`accepted` and `bonus` are device scalars). `commit` names the context length
+        once the host knows it; until then the context counts as ending at `start`."""
+        if start != self.ctx_len:
+            raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
+        m = hidden.shape[0]
+        self.fast_absorb(hidden, start)
+        ids = torch.cat([bonus.view(1), self.masks[:n_draft]])
+        positions = self.offsets[: n_draft + 1] + (accepted + start + 1)
+        # The block's last row lies at most at start + m + n_draft: the window is sized for that.
+        return self.fast(ids, start, end=start + m + n_draft + 1, positions=positions)
+
+    def commit(self, length: int) -> None:
+        """The context now ends at `length` (after draft_after: start + accepted + 1)."""
+        self.ctx_len = length
 
     def draft_logits(self, last: int, n_draft: int) -> torch.Tensor:
         """Logits [n_draft, V] for the positions after `last`, which sits at position ctx_len."""

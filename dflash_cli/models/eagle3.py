@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..engine import ops
-from ..engine.graphs import upload
+from ..engine.graphs import MAX_ROWS, host_ids, upload
 from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
@@ -169,11 +169,14 @@ class Eagle3Drafter:
             self.graphs = None
         use = path == "graphs"
         # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
-        if path in ("graphs", "static") and (self.graphs is None or self.graphs.requested != use):
+        if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
             from ..engine.graphs import Graphs
 
-            self.graphs = Graphs(self._greedy_chain, self.device, self.cache.max_len, use_graphs=use)
-        self.fast = self.graphs if path in ("graphs", "static") else None
+            self.graphs = (Graphs(self._greedy_chain, self.device, self.cache.max_len, use_graphs=use),
+                           Graphs(self._absorb_rows, self.device, self.cache.max_len, use_graphs=use))
+            self.next_ids = torch.zeros(MAX_ROWS, dtype=torch.long, device=self.device)
+            self.offsets = torch.arange(MAX_ROWS, device=self.device)
+        self.fast, self.fast_absorb = self.graphs if path in ("graphs", "static") else (None, None)
         self.rows = 0
         self.committed = 0
 
@@ -187,9 +190,12 @@ class Eagle3Drafter:
         if start != self.committed:
             raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
         m = hidden.shape[0]
-        if self.fc_input_norm is not None:
-            hidden = ops.rms_norm(hidden, self.fc_input_norm, self.c.eps)
-        self.fused[start : start + m] = ops.linear(hidden, self.fc)
+        if self.fast_absorb is not None and 0 < start and m <= MAX_ROWS:  # per-step commits; prompts run eagerly
+            self.next_ids[:m].copy_(host_ids(tokens, self.device), non_blocking=True)
+            self.fast_absorb(hidden, start, end=start + m - 1)
+            self.committed, self.rows = start + m, start + m - 1
+            return
+        self.fused[start : start + m] = self._fuse(hidden)
         self.committed = start + m
         # Rows [start-1, start+m-2]: state at p with the token at p+1 (row start-1 waited for tokens[0]).
         first = max(start - 1, 0)
@@ -198,6 +204,42 @@ class Eagle3Drafter:
             span = Span(self.cache, first, nxt.numel(), self.cos, self.sin)
             self._rows(span, self.fused[first : first + nxt.numel()], nxt)
         self.rows = first + nxt.numel()
+
+    def chain_after(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
+                    bonus: torch.Tensor, k: int) -> torch.Tensor:
+        """The next greedy chain, queued before the host knows how this verify ended (fast paths only).
+
+        Absorbs every verified row: target states `hidden` at [start, start + m) with their tokens `ids` (the
+        verify input, on the device). Rows past the accepted ones pair states with rejected tokens: the chain
+        and later absorbs overwrite them, and causal attention hides them from the rows before. Then chains k
+        drafts after `bonus` at start + accepted + 1 (`accepted`, `bonus`: device scalars). `commit` names the
+        committed length once the host knows it; until then the drafter counts as committed to `start`."""
+        if start != self.committed or start < 1:
+            raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
+        m = hidden.shape[0]
+        self.next_ids[:m].copy_(ids, non_blocking=True)
+        self.fast_absorb(hidden, start, end=start + m - 1)
+        # The chain's rows sit at committed-1 ... committed+k-2 (committed = start + accepted + 1).
+        positions = self.offsets[:k] + (accepted + start)
+        return self.fast(bonus.view(1), start, k, end=start + m + k, positions=positions)
+
+    def commit(self, length: int) -> None:
+        """The committed length, after chain_after."""
+        self.committed, self.rows = length, length - 1
+
+    def _fuse(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target states [m, 3H] -> the drafter's fused states [m, H]."""
+        if self.fc_input_norm is not None:
+            hidden = ops.rms_norm(hidden, self.fc_input_norm, self.c.eps)
+        return ops.linear(hidden, self.fc)
+
+    def _absorb_rows(self, hidden: torch.Tensor, positions: torch.Tensor, window: int) -> None:
+        """absorb on device positions [start, start + m) (start >= 1): fused rows at the positions, drafter
+        rows at start-1 ... start+m-2 fed the tokens staged in next_ids[:m]."""
+        self.fused.index_copy_(0, positions, self._fuse(hidden))
+        rows = positions - 1
+        span = StaticSpan(self.cache, rows, window, self.cos, self.sin)
+        self._rows(span, self.fused.index_select(0, rows), self.next_ids[: positions.shape[0]])
 
     def _rows(self, span, state: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """Run the layer on the span's rows (writing their KV); returns pre-norm outputs."""

@@ -22,8 +22,23 @@ class DFlashProposer:
     def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
         self.drafter.absorb(hidden, start)
 
+    def queues_ahead(self, params: SamplingParams) -> bool:
+        """Whether propose_after works: it needs the device-position forward (graphs or static path)."""
+        return self.drafter.fast is not None
+
     def propose(self, last: int, k: int, params: SamplingParams, gen):
-        logits = self.drafter.draft_logits(last, k)
+        return self._drafts(self.drafter.draft_logits(last, k), params, gen)
+
+    def propose_after(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
+                      bonus: torch.Tensor, k: int, params: SamplingParams, gen):
+        """absorb + propose of the next step, queued before the host reads this step's outcome."""
+        return self._drafts(self.drafter.draft_after(hidden, start, accepted, bonus, k), params, gen)
+
+    def commit(self, length: int) -> None:
+        self.drafter.commit(length)
+
+    @staticmethod
+    def _drafts(logits: torch.Tensor, params: SamplingParams, gen):
         if params.greedy:
             return logits.argmax(-1), None
         q = probabilities(logits, params)

@@ -24,6 +24,18 @@ class Eagle3Proposer:
     def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
         self.drafter.absorb(hidden, start, tokens)
 
+    def queues_ahead(self, params: SamplingParams) -> bool:
+        """propose_after needs the device-position chain (graphs or static path), which is greedy."""
+        return self.drafter.fast is not None and params.greedy
+
+    def propose_after(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
+                      bonus: torch.Tensor, k: int, params: SamplingParams, gen):
+        """absorb + propose of the next step, queued before the host reads this step's outcome."""
+        return self.drafter.chain_after(hidden, ids, start, accepted, bonus, k), None
+
+    def commit(self, length: int) -> None:
+        self.drafter.commit(length)
+
     def propose(self, last: int, k: int, params: SamplingParams, gen):
         d = self.drafter
         if params.greedy:
