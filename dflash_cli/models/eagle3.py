@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..engine import ops
-from ..engine.graphs import MAX_ROWS, host_ids, upload
+from ..engine.graphs import MAX_ROWS, host_ids, upload, window_for
 from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
@@ -267,7 +267,11 @@ class Eagle3Drafter:
     def chain_step(self, pos: int, state: torch.Tensor, token) -> tuple[torch.Tensor, torch.Tensor]:
         """One chained row at `pos` fed `token` (an id, or a device tensor of one):
         returns (draft-vocab logits [Vd], pre-norm output [1, H])."""
-        span = Span(self.cache, pos, 1, self.cos, self.sin)
+        if self.fast is not None:  # device positions and a window bucket: no attention shape per position
+            where = upload([pos], self.device)
+            span = StaticSpan(self.cache, where, window_for(pos + 1, self.cache.max_len), self.cos, self.sin)
+        else:
+            span = Span(self.cache, pos, 1, self.cos, self.sin)
         out = self._rows(span, state, upload(token, self.device))
         return self.logits(out)[0], out
 
