@@ -21,8 +21,11 @@ from dflash_cli.engine.kernels import attention  # noqa: E402
 
 LAYERS, H, KV, D = 36, 32, 8, 128
 LENGTHS = [int(x) for x in os.environ.get("LENGTHS", "1100,8300").split(",")]
-SETTINGS = [  # (programs per window, keys per block); 16-row spans use SPLIT-key splits, not programs
-    (256, 64), (512, 64), (1024, 64), (2048, 64), (512, 128)]
+# (programs per window, keys per block, warps, stages; 0 = Triton's default); 16-row spans use SPLIT-key splits, not
+# programs. SETTINGS="512/64/4/3 256/128/8/3" overrides.
+SETTINGS = [tuple(int(x) for x in v.split("/")) for v in os.environ.get(
+    "SETTINGS", "512/64/0/0 512/64/4/2 512/64/4/4 512/64/8/3 512/64/2/3 256/128/4/3 256/128/8/3 256/128/8/4 "
+    "1024/32/4/3 1024/32/2/2").split()]
 
 
 def window(n: int) -> int:
@@ -46,20 +49,22 @@ def main():
             vis = torch.arange(w, device="cuda")[None, :] <= limit[:, None]
             ref = ops.attention_masked(q.float(), k[0].float(), v[0].float(), vis, D ** -0.5)
             line = []
-            for programs, block_s in SETTINGS:
-                if rows > 1 and programs != 512:
+            for programs, block_s, warps, stages in SETTINGS:
+                if rows > 1 and (programs, block_s) != (512, 64):
                     continue  # spans do not use PROGRAMS
                 attention.PROGRAMS, attention.BLOCK_S = programs, block_s
+                attention.SPLIT_WARPS, attention.SPLIT_STAGES = warps or None, stages or None
                 got = attention.attention_window(q, k[0], v[0], limit, D ** -0.5).float()
                 err = ((got - ref).norm() / ref.norm()).item()
                 assert err < 2e-2, (n, rows, programs, block_s, err)
                 us = 1e6 * graph_time(lambda i: attention.attention_window(q, k[i], v[i], limit, D ** -0.5),  # noqa: B023
                                       LAYERS, reps=20)
                 results.append({"length": n, "window": w, "rows": rows, "programs": programs, "block_s": block_s,
-                                "us": round(us, 2), "gbps": round(nbytes / us / 1e3, 1)})
-                line.append(f"{programs}/{block_s} {us:.2f}")
+                                "warps": warps, "stages": stages, "us": round(us, 2),
+                                "gbps": round(nbytes / us / 1e3, 1)})
+                line.append(f"{programs}/{block_s}/{warps}/{stages} {us:.2f}")
             print(f"length {n} (window {w}), {rows} rows, {nbytes / 1e6:.1f} MB K/V per layer, us per launch "
-                  f"(programs/block): " + ", ".join(line))
+                  f"(programs/block/warps/stages): " + ", ".join(line))
         del k, v
         torch.cuda.empty_cache()
     out = os.environ.get("OUT")
