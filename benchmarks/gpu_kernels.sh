@@ -9,7 +9,7 @@ exec > >(tee "$OUT/all.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"}
 [ -n "$SWEEP" ] && timeout 60 python benchmarks/attention_sweep.py
-timeout 120 python benchmarks/step_profile.py
+timeout 180 python benchmarks/step_profile.py
 [ -n "$GEMM_TABLE" ] && timeout 120 python benchmarks/gemm_bench.py --ms 1,8,16 --json "$OUT/gemm.json"
 . "$(dirname "$0")/bench_fn.sh"
 # The first bench process of a call measured EAGLE-3 lower than later ones (700-782 vs 770-890 tok/s, same
