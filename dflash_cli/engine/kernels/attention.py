@@ -36,8 +36,7 @@ PROGRAMS = 512
 # (benchmarks/merge_warps.py): 16 rows over 1100 keys 9.00 us with 1 warp vs 10.12 with 4; 1 row over 8300
 # keys 22.43 vs 23.16.
 MERGE_WARPS = 1
-# Triton's launch tuning of the split kernel (None: the choice in _split_tuning); benchmarks/attention_sweep.py
-# sets them.
+# Triton's launch tuning of the split kernel (None: Triton's default); benchmarks/attention_sweep.py sets them.
 SPLIT_WARPS: int | None = None
 SPLIT_STAGES: int | None = None
 # The merge lets the next kernel (the o projection, whose weights do not depend on it) launch at its start.
@@ -115,12 +114,11 @@ def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, 
         tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
 
 
-def _split_tuning(block_r: int) -> dict:
-    # A decode row's programs pipeline 2 stages: H100, 1 row over 8300 keys 21.45 vs 22.15 us with Triton's 3
-    # (over 1100 keys the same); 16-row spans are slower with 2 (9.66 -> 11.19 us at 1100 keys).
-    # benchmarks/2026-11-23-h100/session5/attention_sweep/.
-    stages = SPLIT_STAGES or (2 if block_r <= 16 else None)
-    return {k: v for k, v in (("num_warps", SPLIT_WARPS), ("num_stages", stages)) if v}
+def _split_tuning() -> dict:
+    # Triton's defaults (4 warps, 3 stages) unless a sweep sets them. 2 stages looked faster for a decode row
+    # in isolated launches (1 row over 8300 keys 21.45 vs 22.15 us) but made the whole ctx-8192 decode step
+    # slower (graph replay 3.877-3.883 vs 3.860-3.862 ms, H100; benchmarks/2026-11-23-h100/session5/).
+    return {k: v for k, v in (("num_warps", SPLIT_WARPS), ("num_stages", SPLIT_STAGES)) if v}
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -148,7 +146,7 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0), q.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                                 G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
-                                **launch_options(q.device, ATTENTION_PDL), **_split_tuning(block_r))
+                                **launch_options(q.device, ATTENTION_PDL), **_split_tuning())
     splits_p2 = triton.next_power_of_2(nsplit)
     _merge_kernel[(kv, t * g)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, BLOCK_R=block_r,
                                SPLITS_P2=splits_p2, CHUNK=min(splits_p2, 16), num_warps=MERGE_WARPS,
