@@ -69,7 +69,8 @@ class SpeculativeDecoder:
         self.draft_len = min(draft_len or proposer.max_draft, proposer.max_draft)
         self._max_len = 0
         self._queued: _Queued | None = None
-        # DFLASH_QUEUE_AHEAD=0: absorb and propose only after the read (for A/B timing; output is the same).
+        # DFLASH_QUEUE_AHEAD=0: absorb and propose only after the read (for A/B timing). Greedy tokens are the
+        # same; a queued draft may use a larger attention window bucket, so bf16 near-ties among drafts can differ.
         self.queue_ahead = os.environ.get("DFLASH_QUEUE_AHEAD", "1") != "0"
 
     def _ensure(self, session: Session) -> None:
@@ -92,6 +93,7 @@ class SpeculativeDecoder:
         k = max(0, min(self.draft_len, budget, session.max_len - start - 1))
         queued, self._queued = self._queued, None
         if queued is not None and (queued.start, queued.k) == (start, k):
+            # Its draft time includes the absorb; the verify time, any wait for the host before the verify.
             head, drafts, q, (t0, t1) = queued.head, queued.drafts, queued.q, queued.marks
         else:
             t0 = mark(dev)
