@@ -85,17 +85,13 @@ class Graphs:
         n = len(ids)
         key = (n, window_for(end or start + n, self.max_len), *extra)
         step = self.steps.get(key)
-        if torch.is_tensor(positions):  # both on the device: nothing to stage from the host
-            if step is None:
-                step = self.steps[key] = self._build(key, ids, positions.to(self.device, torch.long), False)
-            else:
-                step.ids.copy_(ids, non_blocking=True)
-                step.positions.copy_(positions, non_blocking=True)
-            return self._replay(step, key)
-        pos = list(range(start, start + n)) if positions is None else list(positions)
         on_host = not torch.is_tensor(ids)
-        # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
-        src = host_ids((list(ids) if on_host else []) + pos, self.device)
+        if torch.is_tensor(positions):  # on the device, as ids then are: nothing to stage from the host
+            src = positions
+        else:
+            pos = list(range(start, start + n)) if positions is None else list(positions)
+            # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
+            src = host_ids((list(ids) if on_host else []) + pos, self.device)
         if step is None:
             step = self.steps[key] = self._build(key, ids, src, on_host)
         elif on_host and step.inputs is not None:
@@ -103,9 +99,6 @@ class Graphs:
         else:
             step.ids.copy_(src[:n] if on_host else ids, non_blocking=True)
             step.positions.copy_(src[n:] if on_host else src, non_blocking=True)
-        return self._replay(step, key)
-
-    def _replay(self, step: _Captured, key):
         if step.graph is not None:
             step.graph.replay()
         else:

@@ -191,9 +191,8 @@ class Eagle3Drafter:
             raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
         m = hidden.shape[0]
         if self.fast_absorb is not None and 0 < start and m <= MAX_ROWS:  # per-step commits; prompts run eagerly
-            self.next_ids[:m].copy_(host_ids(tokens, self.device), non_blocking=True)
-            self.fast_absorb(hidden, start, end=start + m - 1)
-            self.committed, self.rows = start + m, start + m - 1
+            self._absorb_fast(hidden, start, host_ids(tokens, self.device))
+            self.commit(start + m)
             return
         self.fused[start : start + m] = self._fuse(hidden)
         self.committed = start + m
@@ -217,8 +216,7 @@ class Eagle3Drafter:
         if start != self.committed or start < 1:
             raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
         m = hidden.shape[0]
-        self.next_ids[:m].copy_(ids, non_blocking=True)
-        self.fast_absorb(hidden, start, end=start + m - 1)
+        self._absorb_fast(hidden, start, ids)
         # The chain's rows sit at committed-1 ... committed+k-2 (committed = start + accepted + 1).
         positions = self.offsets[:k] + (accepted + start)
         return self.fast(bonus.view(1), start, k, end=start + m + k, positions=positions)
@@ -226,6 +224,12 @@ class Eagle3Drafter:
     def commit(self, length: int) -> None:
         """The committed length, after chain_after."""
         self.committed, self.rows = length, length - 1
+
+    def _absorb_fast(self, hidden: torch.Tensor, start: int, ids: torch.Tensor) -> None:
+        """absorb's graph replay (start >= 1): the rows' tokens `ids` staged in next_ids, then `_absorb_rows`."""
+        m = hidden.shape[0]
+        self.next_ids[:m].copy_(ids, non_blocking=True)
+        self.fast_absorb(hidden, start, end=start + m - 1)
 
     def _fuse(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target states [m, 3H] -> the drafter's fused states [m, H]."""
