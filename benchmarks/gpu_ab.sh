@@ -16,7 +16,7 @@ timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider -k "${PY
 [ -n "$TUNE" ] && timeout 240 python benchmarks/gemm_bench.py --tune --ms 1,8,16 --json "$OUT/gemm.json" \
   --plans "$OUT/plans.json"
 . "$(dirname "$0")/bench_fn.sh"
-for round in 1 2; do  # two rounds, interleaved: host noise shows as the spread between them
+for round in $(seq "${ROUNDS:-2}"); do  # two rounds, interleaved: host noise shows as the spread between them
   for v in "as_built:" $VARIANTS; do
     name=${v%%:*}; envs=${v#*:}
     echo "=== replays $name (round $round): ${envs//,/ }"

@@ -6,8 +6,9 @@ graph. The window is cut into splits of SPLIT keys, one program per (KV head,
 split); blocks past the largest limit load nothing. A second kernel merges the
 splits' partial softmax states, reading every split's state in vector loads (a
 loop of dependent loads cost a memory latency per split: at context 8192 that
-merge took longer than the split kernel). All query heads of a KV group share
-its K/V loads. A decode step (a few rows) splits its window into about PROGRAMS
+merge took longer than the split kernel). Where a row has many splits, its head
+dims are shared out over several merge programs, so that each reads all its
+splits in one load (merge_shape). All query heads of a KV group share its K/V loads. A decode step (a few rows) splits its window into about PROGRAMS
 programs instead: the window alone must fill the GPU.
 """
 
@@ -39,6 +40,12 @@ MERGE_WARPS = 1
 # Triton's launch tuning of the split kernel (None: Triton's default); benchmarks/attention_sweep.py sets them.
 SPLIT_WARPS: int | None = None
 SPLIT_STAGES: int | None = None
+# Partial-output values one merge program (one warp) loads at once: 64 registers a lane. A decode row's 32 (ctx
+# 1024) or 64 (ctx 8192) splits are then read by 2 or 4 programs per row in one load each, where one program
+# looped over 16 splits per load. H100 graph replays (benchmarks/2026-11-23-h100/session6/): decode 3.376 ->
+# 3.322 ms, at ctx 8192 3.862 -> 3.764; the merge's own share of the step 4.7 -> 2.4 and 6.2 -> 2.8 us a layer.
+MERGE_ELEMS = 2048
+MERGE_DSPLIT = int(os.environ.get("DFLASH_MERGE_DSPLIT", "8"))  # most merge programs per row; 1 is the old merge
 # The merge lets the next kernel (the o projection, whose weights do not depend on it) launch at its start.
 MERGE_TRIGGER = os.environ.get("DFLASH_MERGE_TRIGGER", "1") == "1"
 
@@ -87,14 +94,15 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
 
 @triton.jit
 def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, G: tl.constexpr, D: tl.constexpr,
-                  BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr):
+                  DB: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr,
+                  PDL: tl.constexpr):
     pdl_start(PDL)
     kvh = tl.program_id(0)
     r = tl.program_id(1)
     t = r // G
     if t < T:
         head = kvh * G + r % G
-        offs_d = tl.arange(0, D)
+        offs_d = tl.program_id(2) * DB + tl.arange(0, DB)  # this program's share of the head's dims
         # Every split's (max, sum) in one vector load: a loop of dependent loads costs a memory latency per
         # split (at context 8192 that made the merge slower than the split kernel itself).
         sp = tl.arange(0, SPLITS_P2)
@@ -103,7 +111,7 @@ def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, 
         m = tl.max(ms, axis=0)
         w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
         l = tl.sum(tl.load(part_ml + rows * 2 + 1, mask=sp < NSPLIT, other=0.0) * w, axis=0)
-        acc = tl.zeros((D,), tl.float32)
+        acc = tl.zeros((DB,), tl.float32)
         for c in range(0, SPLITS_P2 // CHUNK):  # the partial outputs, CHUNK splits per load
             cs = c * CHUNK + tl.arange(0, CHUNK)
             crow = (kvh * NSPLIT + cs) * BLOCK_R + r
@@ -112,6 +120,17 @@ def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, 
             o = tl.load(part_o + crow[:, None] * D + offs_d[None, :], mask=(cs < NSPLIT)[:, None], other=0.0)
             acc += tl.sum(o * cw[:, None], axis=0)
         tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
+
+
+def merge_shape(nsplit: int, d: int) -> tuple[int, int]:
+    """(programs per row over the head's dims, splits per load) of the merge: one warp per program holds at most
+    MERGE_ELEMS partial-output values, so every split is read in one load where it fits (the loads of a loop
+    wait on each other), and the dims are shared out over more programs when the splits alone would not fit."""
+    splits_p2 = triton.next_power_of_2(nsplit)
+    dsplit = 1
+    while splits_p2 * d // dsplit > MERGE_ELEMS and d // dsplit > 16 and dsplit < MERGE_DSPLIT:
+        dsplit *= 2
+    return dsplit, max(1, min(splits_p2, MERGE_ELEMS // (d // dsplit)))
 
 
 def _split_tuning() -> dict:
@@ -147,8 +166,9 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                                 G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                                 **launch_options(q.device, ATTENTION_PDL), **_split_tuning())
-    splits_p2 = triton.next_power_of_2(nsplit)
-    _merge_kernel[(kv, t * g)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, BLOCK_R=block_r,
-                               SPLITS_P2=splits_p2, CHUNK=min(splits_p2, 16), num_warps=MERGE_WARPS,
-                               **launch_options(q.device, ATTENTION_PDL, trigger=MERGE_TRIGGER))
+    dsplit, chunk = merge_shape(nsplit, d)
+    _merge_kernel[(kv, t * g, dsplit)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
+                                       BLOCK_R=block_r, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
+                                       num_warps=MERGE_WARPS,
+                                       **launch_options(q.device, ATTENTION_PDL, trigger=MERGE_TRIGGER))
     return out
