@@ -60,14 +60,16 @@ CHECK = textwrap.dedent("""
         assert wide.dtype == torch.float32 and torch.equal(wide, skinny_linear(a, b).float())
         from dflash_cli.engine.kernels import attention
         cases = ((1, 4, 2, 16, 300, [200]), (3, 8, 2, 16, 260, [0, 258, 259]), (1, 4, 2, 16, 1024, [300]),
-                 (4, 4, 2, 16, 300, "block"),  # a non-causal block: every row sees up to the last, a broadcast limit
-                 (1, 4, 2, 64, 4096, [3000]))  # 64 splits: the merge shares a row's dims over programs
+                 (4, 4, 2, 16, 300, ("block", 250)),  # non-causal: every row sees up to one key, a broadcast limit
+                 (1, 4, 2, 64, 4096, [3000]),  # 64 splits: the merge shares a row's dims over programs
+                 (6, 8, 2, 16, 700, list(range(600, 606))),  # 24 query rows: a span's splits (SPAN_PROGRAMS)
+                 (6, 8, 2, 16, 700, ("block", 650)))
         # Few programs / short splits: several splits to merge; a small merge budget: a loop of loads as well.
         for programs, split, elems in ((512, 256, 2048), (8, 64, 2048), (8, 64, 128)):
             attention.PROGRAMS, attention.SPLIT, attention.MERGE_ELEMS = programs, split, elems
             for t, h, kv, d, s, lim in cases if dt == torch.float32 else cases[:1]:
                 qq, kk_, vv = (torch.randn(t, h, d).to(dt), torch.randn(s, kv, d).to(dt), torch.randn(s, kv, d).to(dt))
-                limit = torch.tensor([250]).expand(t) if lim == "block" else torch.tensor(lim)
+                limit = torch.tensor([lim[1]]).expand(t) if isinstance(lim, tuple) else torch.tensor(lim)
                 vis = torch.arange(s)[None, :] <= limit[:, None]
                 ref = ops.attention_masked(qq, kk_, vv, vis, d ** -0.5)
                 assert rel(attention.attention_window(qq, kk_, vv, limit, d ** -0.5), ref) <= 10 * tol

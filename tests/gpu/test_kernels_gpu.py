@@ -50,7 +50,7 @@ def test_fused_kernels_match_reference_bf16():
 
 @pytest.mark.parametrize("t,window,last,causal", [
     (1, 1024, 724, True), (1, 16384, 8300, True), (1, 2048, 1100, True), (16, 1024, 739, True),
-    (16, 8192, 7907, False)])
+    (16, 2048, 1100, True), (16, 2048, 1100, False), (16, 8192, 7907, False)])
 def test_window_attention_matches_reference_bf16(t, window, last, causal):
     from dflash_cli.engine.kernels.attention import attention_window
 

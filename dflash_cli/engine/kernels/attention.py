@@ -2,14 +2,15 @@
 
 Which keys a row sees comes from `limit` in device memory (the last visible key
 index per query row), so one compiled launch serves every position inside a CUDA
-graph. The window is cut into splits of SPLIT keys, one program per (KV head,
-split); blocks past the largest limit load nothing. A second kernel merges the
-splits' partial softmax states, reading every split's state in vector loads (a
-loop of dependent loads cost a memory latency per split: at context 8192 that
-merge took longer than the split kernel). Where a row has many splits, its head
-dims are shared out over several merge programs, so that each reads all its
-splits in one load (merge_shape). All query heads of a KV group share its K/V loads. A decode step (a few rows) splits its window into about PROGRAMS
-programs instead: the window alone must fill the GPU.
+graph. The window is cut into splits of up to SPLIT keys, one program per (KV
+head, split); blocks past the largest limit load nothing. A decode step (a few
+rows) cuts its window into about PROGRAMS programs: the window alone must fill
+the GPU; a span into about SPAN_PROGRAMS. All query heads of a KV group share
+its K/V loads. A second kernel merges the splits' partial softmax states,
+reading every split's state in vector loads (a loop of dependent loads cost a
+memory latency per split: at context 8192 that merge took longer than the split
+kernel). Where a row has many splits, its head dims are shared out over several
+merge programs, so that each reads all its splits in one load (merge_shape).
 """
 
 from __future__ import annotations
@@ -28,11 +29,19 @@ BLOCK_S = 64
 # overlap gains (H100 plain step 5.34 ms with PDL, 4.83 without; benchmarks/2026-11-22-h100/pdl/).
 ATTENTION_PDL = os.environ.get("DFLASH_ATTENTION_PDL", "0") == "1"
 # A decode step (few rows) splits its window into ~PROGRAMS programs (~4 per SM of an H100); spans of many
-# rows keep SPLIT-key splits. benchmarks/attention_sweep.py (H100, windows 2048 and 16384,
+# rows into fewer (below). benchmarks/attention_sweep.py (H100, windows 2048 and 16384,
 # benchmarks/2026-11-23-h100/): for 1 row 512 programs of 64-key blocks were best (256 the same; 1024 and
 # 2048 slower, and 128-key blocks slower at 16384); for 16 rows the finer split was slower than SPLIT
 # (12.9 vs 10.9 us at 1100 keys). Cutting the visible keys evenly instead of the window was slower too.
 PROGRAMS = 512
+# Spans (verify, DFlash blocks) aim at about one program per SM, in 128- to 256-key splits. Only windows of up to
+# 2048 keys change from the fixed 256-key splits: at ctx 1024 (window 2048) 128 programs instead of 64, half of
+# them past the last key in both. H100 graph replays (2026-11-23-h100/session6/, two rounds): verify 16 rows
+# 3.645/3.634 -> 3.617/3.610 ms, verify 8 rows 3.561/3.554 -> 3.496/3.488, DFlash draft 0.748/0.746 ->
+# 0.744/0.742; bench DFlash 1233.8 -> 1246.2 tok/s, EAGLE-3 1113.0 -> 1126.6. 64-key splits (256 programs) were
+# slower (12.9 vs 10.9 us per launch at 1100 keys). DFLASH_SPAN_MIN_SPLIT=256 restores the fixed splits.
+SPAN_PROGRAMS = 128
+SPAN_MIN_SPLIT = int(os.environ.get("DFLASH_SPAN_MIN_SPLIT", "128"))
 # One warp per merge program: its split reductions stay inside the warp. H100, split + merge per launch
 # (benchmarks/merge_warps.py): 16 rows over 1100 keys 9.00 us with 1 warp vs 10.12 with 4; 1 row over 8300
 # keys 22.43 vs 23.16.
@@ -155,9 +164,11 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     s, kv, _ = k.shape
     g = h // kv
     block_r = max(16, triton.next_power_of_2(t * g))
-    split = SPLIT
-    if block_r <= 16:  # one or a few query rows: the window alone must fill the GPU
-        split = min(SPLIT, max(BLOCK_S, triton.next_power_of_2(triton.cdiv(s * kv, PROGRAMS))))
+    # A few query rows: about PROGRAMS programs over the window (it alone must fill the GPU), splits of at least
+    # BLOCK_S keys. Spans: about SPAN_PROGRAMS, splits of at least SPAN_MIN_SPLIT keys. Both at most SPLIT.
+    few = block_r <= 16
+    least, programs = (BLOCK_S, PROGRAMS) if few else (SPAN_MIN_SPLIT, SPAN_PROGRAMS)
+    split = min(SPLIT, max(least, triton.next_power_of_2(triton.cdiv(s * kv, programs))))
     nsplit = triton.cdiv(s, split)
     part_o = torch.empty((kv, nsplit, block_r, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((kv, nsplit, block_r, 2), dtype=torch.float32, device=q.device)
