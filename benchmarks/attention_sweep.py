@@ -21,8 +21,8 @@ from dflash_cli.engine.kernels import attention  # noqa: E402
 
 LAYERS, H, KV, D = 36, 32, 8, 128
 LENGTHS = [int(x) for x in os.environ.get("LENGTHS", "1100,8300").split(",")]
-# (programs per window, keys per block, warps, stages; 0 = Triton's default); 16-row spans use SPLIT-key splits, not
-# programs. SETTINGS="512/64/4/3 256/128/8/3" overrides.
+# (programs per window, keys per block, warps, stages; 0 = Triton's default) for decode rows; 16-row spans follow
+# attention.SPAN_PROGRAMS and SPAN_MIN_SPLIT instead. SETTINGS="512/64/4/3 256/128/8/3" overrides.
 SETTINGS = [tuple(int(x) for x in v.split("/")) for v in os.environ.get(
     "SETTINGS", "512/64/0/0 512/64/4/2 512/64/4/4 512/64/8/3 512/64/2/3 256/128/4/3 256/128/8/3 256/128/8/4 "
     "1024/32/4/3 1024/32/2/2").split()]

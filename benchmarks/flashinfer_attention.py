@@ -51,7 +51,7 @@ def kernel_us(calls) -> float:
             for c in calls:
                 c()
         torch.cuda.synchronize()
-    total = sum(e.device_time_total for e in prof.key_averages())
+    total = sum(e.self_device_time_total for e in prof.key_averages())
     return total / (3 * len(calls))
 
 

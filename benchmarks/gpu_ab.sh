@@ -3,7 +3,8 @@
 # step_profile.py) and the synthetic bench at ctx 1024 for the build as it is and for each switch in
 # VARIANTS ("name:ENV=V[,ENV=V]" separated by spaces), then the full step profile and ctx 8192.
 # Env: PYTEST_K, GEMM_TABLE (rows for a GEMM table), TUNE (see below); BENCH="name ..." benches only those
-# variants (the others get their replays; as_built is the build as it is), CTX8192=0 skips the ctx 8192 bench.
+# variants (the others get their replays; as_built is the build as it is), CTX8192=0 skips the ctx 8192 bench,
+# PROFILE=0 the full step profile, ROUNDS=N sets the rounds of replays (default 2, at least 1; benches run in round 1).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,7 +17,7 @@ timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider -k "${PY
 [ -n "$TUNE" ] && timeout 240 python benchmarks/gemm_bench.py --tune --ms 1,8,16 --json "$OUT/gemm.json" \
   --plans "$OUT/plans.json"
 . "$(dirname "$0")/bench_fn.sh"
-for round in $(seq "${ROUNDS:-2}"); do  # two rounds, interleaved: host noise shows as the spread between them
+for round in $(seq "$(( ${ROUNDS:-2} < 1 ? 1 : ${ROUNDS:-2} ))"); do  # interleaved rounds: noise shows as their spread
   for v in "as_built:" $VARIANTS; do
     name=${v%%:*}; envs=${v#*:}
     echo "=== replays $name (round $round): ${envs//,/ }"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, the attention split sweep, the step profile (replays, per-kernel times, whole
-# DFlash steps) and each kernel's share of a step inside its graph, then the synthetic bench at ctx 1024 (as built; with BASELINE also cuBLAS and no PDL) and at
-# ctx 8192, and a 2048-token prefill. One log (all.log) plus JSON.
+# DFlash steps) and each kernel's share of a step inside its graph (graph_timeline.py), then the synthetic bench
+# at ctx 1024 (as built; with BASELINE also cuBLAS and no PDL) and at ctx 8192, and a 2048-token prefill. One log (all.log) plus JSON.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

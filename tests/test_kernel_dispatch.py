@@ -7,7 +7,7 @@ checked in test_kernels_interpret.py and on the GPU.
 import pytest
 import torch
 
-from dflash_cli.engine import ops
+from dflash_cli.engine import ops, switches
 
 
 class FakeKernels:
@@ -100,9 +100,15 @@ def test_numeric_switches_name_themselves_when_malformed(monkeypatch):
     from dflash_cli.errors import DflashError
 
     monkeypatch.setenv("DFLASH_L2_WARM_MB", "2.5")
-    assert ops._env_number("DFLASH_L2_WARM_MB", 4.0, float) == 2.5
+    assert switches.env_number("DFLASH_L2_WARM_MB", 4.0, float) == 2.5
     monkeypatch.delenv("DFLASH_L2_WARM_MB")
-    assert ops._env_number("DFLASH_L2_WARM_MB", 4.0, float) == 4.0
+    assert switches.env_number("DFLASH_L2_WARM_MB", 4.0, float) == 4.0
     monkeypatch.setenv("DFLASH_GEMM_MAX_M", "x")
     with pytest.raises(DflashError, match="DFLASH_GEMM_MAX_M='x': not an integer"):
-        ops._env_number("DFLASH_GEMM_MAX_M", 16, int)
+        switches.env_number("DFLASH_GEMM_MAX_M", 16, int)
+    monkeypatch.setenv("DFLASH_SPAN_MIN_SPLIT", "256")
+    assert switches.env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, 64, 256) == 256
+    for bad in ("100", "32", "512"):  # not a power of two, or outside the split kernel's range
+        monkeypatch.setenv("DFLASH_SPAN_MIN_SPLIT", bad)
+        with pytest.raises(DflashError, match=f"DFLASH_SPAN_MIN_SPLIT={bad}: must be a power of two from 64 to 256"):
+            switches.env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, 64, 256)

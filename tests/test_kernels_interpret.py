@@ -63,7 +63,9 @@ CHECK = textwrap.dedent("""
                  (4, 4, 2, 16, 300, ("block", 250)),  # non-causal: every row sees up to one key, a broadcast limit
                  (1, 4, 2, 64, 4096, [3000]),  # 64 splits: the merge shares a row's dims over programs
                  (6, 8, 2, 16, 700, list(range(600, 606))),  # 24 query rows: a span's splits (SPAN_PROGRAMS)
-                 (6, 8, 2, 16, 700, ("block", 650)))
+                 (6, 8, 2, 16, 700, ("block", 650)),
+                 (1, 4, 2, 128, 2048, [1500]),  # Qwen3's head dim: 32 splits, the dims over 2 (or 8) programs
+                 (6, 8, 2, 64, 2048, list(range(1500, 1506))))  # a span whose merge shares dims (small budget)
         # Few programs / short splits: several splits to merge; a small merge budget: a loop of loads as well.
         for programs, split, elems in ((512, 256, 2048), (8, 64, 2048), (8, 64, 128)):
             attention.PROGRAMS, attention.SPLIT, attention.MERGE_ELEMS = programs, split, elems

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from ..errors import DflashError
+from .switches import env_number
 
 _kernels = None  # the Triton module once imported, False where unavailable or disabled (DFLASH_KERNELS=0)
 
@@ -46,17 +46,6 @@ def reference_only():
         _kernels = saved
 
 
-def _env_number(name: str, default, kind):
-    """A numeric switch from the environment (int or float), or a one-line DflashError naming it."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        return kind(raw)
-    except ValueError:
-        raise DflashError(f"{name}={raw!r}: not {'an integer' if kind is int else 'a number'}") from None
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if (k := fast_kernels(x)) and x.dtype == weight.dtype:
         return k.rms_norm(x, weight, eps)
@@ -80,7 +69,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 # next one (benchmarks/2026-11-23-h100/session4/): decode 3.466 ms with none, 3.419 with 2 MB, 3.386 with 4, 3.388
 # with 6, 3.41 with 8 and 3.62 with 16; verify-16 3.727 -> 3.639 and ctx 8192 decode 3.877 -> 3.862 with 4 MB.
 # Warming only the o projection during attention (12-24 MB) was slower than none.
-_WARM_BYTES = int(_env_number("DFLASH_L2_WARM_MB", 4.0, float) * (1 << 20))
+_WARM_BYTES = int(env_number("DFLASH_L2_WARM_MB", 4.0, float) * (1 << 20))
 
 
 def warm_ranges(then) -> tuple:
@@ -106,7 +95,7 @@ _GEMM = os.environ.get("DFLASH_GEMM", "auto")  # auto | cublas | triton (compari
 # tile and deeper unrolling (cuda_gemm.plan): per product it matches cuBLAS, and in a step's graph it overlaps its
 # neighbours (programmatic dependent launch). H100 graph replays (benchmarks/2026-11-23-h100/session3/m16_swiglu/):
 # verify of 16 rows 3.96 ms against 4.21 with cuBLAS above 8 rows, DFlash draft 0.798 vs 0.825 ms.
-_GEMM_MAX_M = _env_number("DFLASH_GEMM_MAX_M", 16, int)
+_GEMM_MAX_M = env_number("DFLASH_GEMM_MAX_M", 16, int)
 _cuda_gemm = None  # csrc/skinny_gemm.cu once built, False where unavailable
 VOCAB_ROWS = 32768  # weights this tall are vocabulary heads
 
