@@ -16,9 +16,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.step_profile import replay_ms  # noqa: E402
+from benchmarks.step_profile import prefilled_graphs, replay_ms  # noqa: E402
 from dflash_cli.engine import ops  # noqa: E402
-from dflash_cli.engine.graphs import target_graphs  # noqa: E402
 from dflash_cli.engine.kernels import attention  # noqa: E402
 from dflash_cli.synthetic import random_qwen3  # noqa: E402
 
@@ -47,9 +46,7 @@ def main():
     patch(parts)
     torch.manual_seed(0)
     model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
-    cache = model.new_cache(8 * CTX + 256)
-    model.forward(torch.randint(0, 1000, (CTX,), device="cuda"), 0, cache)
-    graphs = target_graphs(model, cache, use_graphs=True)
+    _, _, graphs = prefilled_graphs(model, CTX)
     one = replay_ms(lambda: graphs([5], CTX, (), False), 100)
     span = replay_ms(lambda: graphs(list(range(16)), CTX, (), True), 100)
     long = replay_ms(lambda: graphs([5], 8 * CTX, (), False), 100)

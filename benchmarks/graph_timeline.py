@@ -14,7 +14,7 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dflash_cli.engine.graphs import target_graphs  # noqa: E402
+from benchmarks.step_profile import gpu_intervals, prefilled_graphs  # noqa: E402
 from dflash_cli.synthetic import random_qwen3  # noqa: E402
 
 CTX = 1024
@@ -29,9 +29,7 @@ def kernel_events(fn, replays=4):
         for _ in range(replays):
             fn()
             torch.cuda.synchronize()
-    events = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-              if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.time_range.end > 0]
-    return sorted(events, key=lambda e: e[1])
+    return sorted(gpu_intervals(prof), key=lambda e: e[1])
 
 
 def roles(names: list[str]) -> list[str]:
@@ -70,9 +68,7 @@ def table(events, weights: dict, label: str) -> None:
 def main():
     torch.manual_seed(0)
     model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
-    cache = model.new_cache(8 * CTX + 256)
-    model.forward(torch.randint(0, 1000, (CTX,), device="cuda"), 0, cache)
-    graphs = target_graphs(model, cache, use_graphs=True)
+    _, _, graphs = prefilled_graphs(model, CTX)
     layer = model.layers[0]
     nbytes = lambda w: w.numel() * w.element_size()  # noqa: E731
     weights = {"qkv": nbytes(layer.qkv), "o": nbytes(layer.o), "gate_up": nbytes(layer.gate_up),

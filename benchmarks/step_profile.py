@@ -47,10 +47,23 @@ def profile(fn, steps, label):
         print(f"  {us:8.1f} us  {n:5.0f}x  {us / n:6.1f} us/launch  {key[:90]}")
 
 
+def gpu_intervals(prof) -> list[tuple[float, float, str]]:
+    """(start, end, name) in microseconds of every GPU kernel and copy the profiler saw."""
+    return [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+            if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.time_range.end > 0]
+
+
+def prefilled_graphs(model, ctx: int, capture=()):
+    """A cache with room for the ctx-8x decode timings, prefilled with `ctx` random tokens, and the model's graphs
+    on it: (cache, prefill output, graphs)."""
+    cache = model.new_cache(8 * ctx + 256)
+    out = model.forward(torch.randint(0, 1000, (ctx,), device="cuda"), 0, cache, capture=capture)
+    return cache, out, target_graphs(model, cache, use_graphs=True)
+
+
 def busy_us(prof) -> tuple[float, float, list[float]]:
     """(union of GPU kernel/copy intervals, their span, the gaps between them) in microseconds."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.time_range.end > 0)
+    spans = sorted((s, e) for s, e, _ in gpu_intervals(prof))
     if not spans:
         return 0.0, 1.0, []
     busy, gaps = 0.0, []
@@ -122,10 +135,7 @@ def main():
     torch.manual_seed(0)
     model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
     drafter = random_drafter("qwen3-4b", "dflash", model)
-    cache = model.new_cache(8 * CTX + 256)  # room for the ctx-8x decode timings
-    ids = torch.randint(0, 1000, (CTX,), device="cuda")
-    out = model.forward(ids, 0, cache, capture=drafter.capture)
-    graphs = target_graphs(model, cache, use_graphs=True)
+    cache, out, graphs = prefilled_graphs(model, CTX, drafter.capture)
     static = target_graphs(model, cache, use_graphs=False)
     one = lambda: graphs([5], CTX, (), False)  # noqa: E731
     span = lambda: graphs(list(range(16)), CTX, drafter.capture, True)  # noqa: E731

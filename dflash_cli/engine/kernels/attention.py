@@ -35,12 +35,13 @@ ATTENTION_PDL = os.environ.get("DFLASH_ATTENTION_PDL", "0") == "1"
 # 2048 slower, and 128-key blocks slower at 16384); for 16 rows the finer split was slower than SPLIT
 # (12.9 vs 10.9 us at 1100 keys). Cutting the visible keys evenly instead of the window was slower too.
 PROGRAMS = 512
-# Spans (verify, DFlash blocks) aim at about one program per SM, in 128- to 256-key splits. With 8 KV heads (Qwen3)
-# only windows of up to 2048 keys change from the fixed 256-key splits: at ctx 1024 (window 2048) 128 programs instead of 64, half of
-# them past the last key in both. H100 graph replays (2026-11-23-h100/session6/, two rounds): verify 16 rows
-# 3.645/3.634 -> 3.617/3.610 ms, verify 8 rows 3.561/3.554 -> 3.496/3.488, DFlash draft 0.748/0.746 ->
-# 0.744/0.742; bench DFlash 1233.8 -> 1246.2 tok/s, EAGLE-3 1113.0 -> 1126.6. 64-key splits (256 programs) were
-# slower (12.9 vs 10.9 us per launch at 1100 keys). DFLASH_SPAN_MIN_SPLIT=256 restores the fixed splits.
+# Spans (verify, DFlash blocks) aim at about one program per SM, in 128- to 256-key splits. With 8 KV heads
+# (Qwen3) only windows of up to 2048 keys change from the fixed 256-key splits: at ctx 1024 (window 2048) 128
+# programs instead of 64, half of them past the last key in both. H100 graph replays, two rounds
+# (2026-11-23-h100/session6/): verify 16 rows 3.645/3.634 -> 3.617/3.610 ms, verify 8 rows 3.561/3.554 ->
+# 3.496/3.488, DFlash draft 0.748/0.746 -> 0.744/0.742; bench DFlash 1233.8 -> 1246.2 tok/s, EAGLE-3 1113.0 ->
+# 1126.6. 64-key splits (256 programs) were slower (12.9 vs 10.9 us per launch at 1100 keys).
+# DFLASH_SPAN_MIN_SPLIT=256 restores the fixed splits.
 SPAN_PROGRAMS = 128
 SPAN_MIN_SPLIT = env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, BLOCK_S, SPLIT)
 # One warp per merge program: its split reductions stay inside the warp. H100, split + merge per launch
