@@ -47,6 +47,16 @@ CHECK = textwrap.dedent("""
         assert rel(got_q2, ops.apply_rope(ops.rms_norm(q, wq, 1e-6), c, s)) <= tol
         assert rel(got_q2, ref_q2) <= tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref)
         assert kc[:5].abs().sum() == 0 and kc[8:].abs().sum() == 0  # only the span's rows are written
+        # Three layers' context rows at once, from a projection laid out [T, layers, keys|values, KV, D].
+        kvl = torch.randn(3, 3 * 2 * 2 * 16).to(dt).view(3, 3, 2, 2, 16)
+        wl = (1 + 0.1 * torch.randn(3, 16)).to(dt)
+        kcl, vcl = torch.zeros(3, 12, 2, 16).to(dt), torch.zeros(3, 12, 2, 16).to(dt)
+        kcl_ref, vcl_ref = kcl.clone(), vcl.clone()
+        k.k_norm_rope_write_layers(kvl[:, :, 0], kvl[:, :, 1], wl, 1e-6, cos, sin, kcl, vcl, pos)
+        with ops.reference_only():
+            ops.k_norm_rope_write_layers(kvl[:, :, 0], kvl[:, :, 1], wl, 1e-6, cos, sin, kcl_ref, vcl_ref, pos)
+        assert rel(kcl, kcl_ref) <= tol and torch.equal(vcl, vcl_ref) and kcl[:, 8:].abs().sum() == 0
+        assert rel(kcl[1, 5:8], ops.apply_rope(ops.rms_norm(kvl[:, 1, 0], wl[1], 1e-6), c, s)) <= tol
         hh, delta = torch.randn(3, 96).to(dt), torch.randn(3, 96).to(dt)
         h2, x2 = k.add_rms_norm(hh, delta, w, 1e-6)
         assert rel(h2, hh + delta) <= tol and rel(x2, ops.rms_norm(hh + delta, w, 1e-6)) <= tol

@@ -68,7 +68,7 @@ def test_generation_is_identical_on_the_static_path(models, kind):
 def test_stacked_context_projection_matches_per_layer(models):
     """The drafter's per-step context update (one product over every layer's k/v weights) writes the same
     cache rows as the per-layer path that prompts and training use."""
-    from dflash_cli.engine.spans import Span
+    from dflash_cli.engine.spans import Span, StaticSpan
 
     _, dflash, _ = models
     hidden = torch.randn(7, len(dflash.capture) * dflash.cfg.hidden_size)
@@ -77,10 +77,14 @@ def test_stacked_context_projection_matches_per_layer(models):
     dflash.context_rows(hidden, Span(dflash.cache, 3, 7, dflash.cos, dflash.sin))
     k, v = dflash.cache.k.clone(), dflash.cache.v.clone()
     dflash.cache.k.zero_(), dflash.cache.v.zero_()
-    dflash.context_rows(hidden, Span(dflash.cache, 3, 7, dflash.cos, dflash.sin), stacked=True)
     assert k[:, 3:10].abs().sum() > 0
-    torch.testing.assert_close(dflash.cache.k, k, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dflash.cache.v, v, rtol=1e-5, atol=1e-5)
+    positions = torch.arange(3, 10)
+    for span in (Span(dflash.cache, 3, 7, dflash.cos, dflash.sin),
+                 StaticSpan(dflash.cache, positions, 16, dflash.cos, dflash.sin)):  # all layers in one kernel
+        dflash.cache.k.zero_(), dflash.cache.v.zero_()
+        dflash.context_rows(hidden, span, stacked=True)
+        torch.testing.assert_close(dflash.cache.k, k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dflash.cache.v, v, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("which", ["dflash", "eagle3"])

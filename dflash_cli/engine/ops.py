@@ -193,6 +193,20 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cach
     return q
 
 
+def k_norm_rope_write_layers(k, v, k_weights, eps: float, cos, sin, k_cache, v_cache, positions) -> None:
+    """Context rows of several layers at once: each layer's keys RMSNormed (k_weights [L, D]) and rotated at
+    `positions` (device int64 [T]; cos/sin whole tables), then keys and values stored at those positions.
+    k, v: [T, L, KV, D]; caches [L, max_len, KV, D]. One kernel on the GPU instead of four per layer."""
+    if ((kk := fast_kernels(k)) and k.dtype == k_weights.dtype == k_cache.dtype and k.stride(-1) == 1
+            and v.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_weights.is_contiguous() and _rope_kernel_fits(k, cos, sin)):
+        return kk.k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, positions)
+    cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
+    for i in range(k.shape[1]):
+        k_cache[i].index_copy_(0, positions, apply_rope(rms_norm(k[:, i], k_weights[i], eps), cos, sin))
+        v_cache[i].index_copy_(0, positions, v[:, i])
+
+
 def rope_tables(head_dim: int, theta: float, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [max_positions, head_dim] in float32 (half-split layout)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))

@@ -24,6 +24,11 @@ class Span:
     def write(self, layer: int, k, v) -> None:
         self.cache.write(layer, self.start, k, v)
 
+    def write_layers(self, k, v, k_norms, eps: float) -> None:
+        """As StaticSpan.write_layers."""
+        for i in range(k.shape[1]):
+            self.write(i, ops.apply_rope(ops.rms_norm(k[:, i], k_norms[i], eps), self.cos, self.sin), v[:, i])
+
     def attend(self, layer: int, q, k, v, scale: float) -> torch.Tensor:
         keys, values = self.cache.write(layer, self.start, k, v)
         return ops.attention(q, keys, values, q_offset=self.start, causal=self.causal, scale=scale)
@@ -56,6 +61,11 @@ class StaticSpan:
     def attend(self, layer: int, q, k, v, scale: float) -> torch.Tensor:
         self.write(layer, k, v)
         return self._attend_cache(layer, q, scale)
+
+    def write_layers(self, k, v, k_norms, eps: float) -> None:
+        """Every layer's keys straight from the projection (normed here, then rotated) and values:
+        k, v [T, layers, KV, D], k_norms [layers, D]. One kernel on the GPU."""
+        ops.k_norm_rope_write_layers(k, v, k_norms, eps, *self.tables, self.cache.k, self.cache.v, self.positions)
 
     def attend_fresh(self, layer: int, q, k, v, q_norm, k_norm, eps: float, scale: float) -> torch.Tensor:
         """q/k straight from the projection: normalise, rotate, write k/v and attend (the norm, RoPE

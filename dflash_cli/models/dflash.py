@@ -21,7 +21,7 @@ from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, mlp_rows, project_kv, self_attention, split_kv
+from .decoder import DecoderLayer, layer_shapes, mlp_rows, project_kv, self_attention
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -85,7 +85,8 @@ class DFlashDrafter:
         self.capture = tuple(i + 1 for i in c.target_layer_ids)
         self.cache: KVCache | None = None
         self.graphs = self.fast = self.fast_absorb = None
-        self.ctx_kv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.ctx_kv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # stacked k/v rows, made on first use
+        self.ctx_k_norms: torch.Tensor | None = None
         self.offsets = torch.arange(c.block_size, device=self.device)  # a block's rows, relative to its start
         self.masks = torch.full((c.block_size,), c.mask_token_id, device=self.device)
         self.ctx_len = 0
@@ -167,11 +168,10 @@ class DFlashDrafter:
             if self.layers[0].qkv_bias is not None:
                 bias = torch.cat([layer.qkv_bias[q_rows:] for layer in self.layers])
             self.ctx_kv = (torch.cat([layer.qkv[q_rows:] for layer in self.layers]), bias)
-        kv = ops.linear(ctx, *self.ctx_kv)
-        width = kv.shape[-1] // len(self.layers)
-        for i, layer in enumerate(self.layers):
-            k, v = split_kv(layer, kv[:, i * width : (i + 1) * width], m)
-            span.write(i, ops.apply_rope(k, span.cos, span.sin), v)
+            self.ctx_k_norms = torch.stack([layer.k_norm for layer in self.layers])
+        # Per layer [keys | values]: [T, layers, 2, KV, D]; all layers' norm, RoPE and writes in one kernel.
+        kv = ops.linear(ctx, *self.ctx_kv).view(ctx.shape[0], len(self.layers), 2, m.num_key_value_heads, m.head_dim)
+        span.write_layers(kv[:, :, 0], kv[:, :, 1], self.ctx_k_norms, m.rms_norm_eps)
 
     def draft_after(self, hidden: torch.Tensor, start: int, accepted: torch.Tensor, bonus: torch.Tensor,
                     n_draft: int) -> torch.Tensor:

@@ -41,6 +41,16 @@ def test_fused_kernels_match_reference_bf16():
         assert rel(gq2, ops.apply_rope(ops.rms_norm(q, wq, 1e-6), c, s)) <= 1e-2
         assert rel(kc[3000 : 3000 + t], ops.apply_rope(ops.rms_norm(kk, wk, 1e-6), c, s)) <= 1e-2
         assert torch.equal(vc[3000 : 3000 + t].cpu(), v) and kc[:3000].abs().sum() == 0
+        # The DFlash drafter's context rows: 5 layers' keys and values from one [T, 5, 2, 8, 128] projection.
+        kvl = torch.randn(t, 5, 2, 8, 128, dtype=bf)
+        wl = (1 + 0.1 * torch.randn(5, 128)).to(bf)
+        kcl, vcl = (torch.zeros(5, 4096, 8, 128, dtype=bf, device="cuda") for _ in range(2))
+        kl = kvl.cuda()
+        k.k_norm_rope_write_layers(kl[:, :, 0], kl[:, :, 1], wl.cuda(), 1e-6, cos.cuda(), sin.cuda(), kcl, vcl, pos)
+        for i in range(5):
+            ref = ops.apply_rope(ops.rms_norm(kvl[:, i, 0], wl[i], 1e-6), c, s)
+            assert rel(kcl[i, 3000 : 3000 + t], ref) <= 1e-2 and torch.equal(vcl[i, 3000 : 3000 + t].cpu(), kvl[:, i, 1])
+        assert kcl[:, :3000].abs().sum() == 0
         delta = torch.randn(t, 2560, dtype=bf)
         h2, x2 = k.add_rms_norm(x.cuda(), delta.cuda(), w.cuda(), 1e-6)
         assert rel(h2, x + delta) <= 1e-2 and rel(x2, ops.rms_norm(x + delta, w, 1e-6)) <= 1e-2

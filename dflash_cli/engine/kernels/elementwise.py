@@ -98,12 +98,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_out, k_out, v_out, H, KV,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, eps,
+                         stride_kl, stride_vl, stride_wl, stride_ol,
                          D: tl.constexpr, HALF: tl.constexpr, WRITE: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     # One program per (row, head) over the q heads, then the k heads (RMSNorm then RoPE, rounded as the
     # reference), then with WRITE the v heads. With WRITE, k and v go straight into the cache rows at the
     # rows' positions (k_out/v_out are the layer's cache, stride_ot its row stride): no separate KV copy.
+    # Axis 1 is the layer where several layers' keys/values are written at once (the stride_*l; then H = 0).
     pid = tl.program_id(0)
+    layer = tl.program_id(1)
+    k_ptr += layer * stride_kl
+    v_ptr += layer * stride_vl
+    kw_ptr += layer * stride_wl
+    k_out += layer * stride_ol
+    v_out += layer * stride_ol
     per_row = H + KV + KV * WRITE
     t, head = pid // per_row, pid % per_row
     dt = q_out.dtype.element_ty
@@ -151,7 +159,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
     k_out = torch.empty((t, kv, d), dtype=k.dtype, device=k.device)
     _qk_norm_rope_kernel[(t * (h + kv),)](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
                                           q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
-                                          D=d, HALF=d // 2, WRITE=False, **launch_options(q.device))
+                                          0, 0, 0, 0, D=d, HALF=d // 2, WRITE=False, **launch_options(q.device))
     return q_out, k_out
 
 
@@ -165,9 +173,22 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_ca
     q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
     _qk_norm_rope_kernel[(t * (h + 2 * kv),)](q, k, v, q_weight, k_weight, cos, sin, positions, q_out, k_cache,
                                               v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                                              v.stride(0), v.stride(1), k_cache.stride(0), eps,
+                                              v.stride(0), v.stride(1), k_cache.stride(0), eps, 0, 0, 0, 0,
                                               D=d, HALF=d // 2, WRITE=True, **launch_options(q.device))
     return q_out
+
+
+def k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, positions):
+    """Every layer's keys (RMSNorm, RoPE) and values into the cache at `positions`: k, v [T, L, KV, D],
+    k_weights [L, D], caches [L, max_len, KV, D], cos/sin whole tables. One launch for all layers."""
+    t, n_layers, kv, d = k.shape
+    assert k.stride(-1) == 1 and v.stride(-1) == 1
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_weights.is_contiguous()
+    assert cos.is_contiguous() and sin.is_contiguous()
+    _qk_norm_rope_kernel[(t * 2 * kv, n_layers)](
+        k, k, v, k_weights, k_weights, cos, sin, positions, k, k_cache, v_cache, 0, kv, 0, 0, k.stride(0),
+        k.stride(2), v.stride(0), v.stride(2), k_cache.stride(1), eps, k.stride(1), v.stride(1), k_weights.stride(0),
+        k_cache.stride(0), D=d, HALF=d // 2, WRITE=True, **launch_options(k.device))
 
 
 @triton.jit
