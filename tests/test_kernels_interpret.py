@@ -58,6 +58,20 @@ CHECK = textwrap.dedent("""
         assert rel(kcl, kcl_ref) <= tol and torch.equal(vcl, vcl_ref) and kcl[:, 8:].abs().sum() == 0
         assert rel(kcl[1, 5:8], ops.apply_rope(ops.rms_norm(kvl[:, 1, 0], wl[1], 1e-6), c, s)) <= tol
         hh, delta = torch.randn(3, 96).to(dt), torch.randn(3, 96).to(dt)
+        from dflash_cli.engine.kernels import greedy
+        greedy.CHUNK = 64  # several chunks per row
+        lg = torch.randn(5, 300).to(dt)
+        lg[1, 10] = lg[1, 200] = lg[1].max() + 1  # a tie across chunks: the first index
+        lg[2, 70] = lg[2, 71] = lg[2].max() + 1  # a tie inside one
+        lg[3, 150] = float("nan")  # torch's argmax takes the NaN
+        best = lg.argmax(-1)
+        assert torch.equal(greedy.argmax_rows(lg), best)
+        for drafts in (best[:4], torch.cat([best[:1], best[1:2] + 1, best[2:4]]), best[:4] + 1):
+            ids = torch.cat([torch.tensor([7]), drafts])
+            with ops.reference_only():
+                ref = ops.greedy_verdict(ids, lg)
+            assert torch.equal(greedy.greedy_verdict(ids, lg), ref), (ids, ref)
+        assert torch.equal(greedy.greedy_verdict(torch.tensor([7]), lg[:1]), torch.stack([best[0] * 0, best[0]]))
         h2, x2 = k.add_rms_norm(hh, delta, w, 1e-6)
         assert rel(h2, hh + delta) <= tol and rel(x2, ops.rms_norm(hh + delta, w, 1e-6)) <= tol
         gu = torch.randn(3, 2 * 1500).to(dt)

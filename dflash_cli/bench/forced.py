@@ -84,7 +84,10 @@ class ForcedAcceptance:
 class ForcedDecoder(SpeculativeDecoder):
     """A speculative decoder whose proposer is a ForcedAcceptance: commits its forced count."""
 
-    def accept(self, drafts, q, logits, params, gen):
-        super().accept(drafts, q, logits, params, gen)  # keep the real acceptance's cost
-        n = min(self.proposer.forced, drafts.shape[0])
-        return torch.full((), n, dtype=torch.long, device=logits.device), logits[n].argmax()
+    def accept(self, ids, q, out, params, gen):
+        verdict = super().accept(ids, q, out, params, gen)  # keep the real acceptance's cost
+        n = min(self.proposer.forced, ids.shape[0] - 1)
+        forced = verdict.clone()  # the real one may be the graph's own output
+        forced[0] = n
+        forced[1:2] = out.logits[n].argmax().view(1)
+        return forced

@@ -70,18 +70,24 @@ class PlainDecoder:
             session.length += 1  # `last` went through the queued forward: commit it
             tok = self._ahead[1]
         else:
-            tok = sample(session.forward([last]).logits[-1], params, gen)
+            tok = self._next(session, [last], params, gen)
         self._ahead = None
         ahead = session.device.type == "cuda" if self.lookahead is None else self.lookahead
         # Queued before the next forward, so reading it waits for this step's token only.
         value = read_later(tok.view(1))
         if ahead and budget > 1 and session.length + 1 < session.max_len:
             at = session.length
-            out = session.forward(tok.view(1))  # the next step's forward; committed when it is used
+            nxt = self._next(session, tok.view(1), params, gen)  # the next step's; committed when it is used
             session.length = at
-            self._ahead = (at, sample(out.logits[-1], params, gen))
+            self._ahead = (at, nxt)
         t1 = mark(session.device)
         return Step(emitted=value(), marks=(t0, t0, t1))  # the step's one host sync
+
+    @staticmethod
+    def _next(session: Session, ids, params: SamplingParams, gen) -> torch.Tensor:
+        """The token after a one-row forward of `ids`, on the device (greedy: the argmax inside the step's graph)."""
+        out = session.forward(ids, accept=params.greedy)
+        return out.verdict[1] if out.verdict is not None else sample(out.logits[-1], params, gen)
 
     def sync(self, session: Session) -> None:
         self._ahead = None

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import ops
+
 MIN_WINDOW = 256
 MAX_ROWS = 32  # longer spans (prefill) run eagerly
 
@@ -153,11 +155,19 @@ class Graphs:
         return step
 
 
-def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
-    """Decode steps and verify spans of the target: extra key = (capture, all_logits)."""
+def with_verdict(out, ids: torch.Tensor, accept: bool):
+    """The forward's output with the greedy verdict on its rows where asked (`accept`)."""
+    if accept:
+        out.verdict = ops.greedy_verdict(ids, out.logits)
+    return out
 
-    def fn(ids, positions, window, capture, all_logits):
-        return model.forward_static(ids, positions, cache, window, capture, all_logits)
+
+def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
+    """Decode steps and verify spans of the target: extra key = (capture, all_logits, accept); with accept the
+    greedy verdict on the rows (ops.greedy_verdict) is part of the graph."""
+
+    def fn(ids, positions, window, capture, all_logits, accept):
+        return with_verdict(model.forward_static(ids, positions, cache, window, capture, all_logits), ids, accept)
 
     graphs = Graphs(fn, model.device, cache.max_len, use_graphs)
     track = getattr(model, "track_graphs", None)

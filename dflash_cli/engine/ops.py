@@ -20,8 +20,15 @@ _kernels = None  # the Triton module once imported, False where unavailable or d
 
 def fast_kernels(x: torch.Tensor):
     """The fused Triton kernels when `x` is a half-precision CUDA tensor and they are available."""
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return _triton_on(x)
+
+
+def _triton_on(x: torch.Tensor):
+    """The fused Triton kernels' module when `x` is on a CUDA device and they are available (any dtype)."""
     global _kernels
-    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+    if not x.is_cuda:
         return None
     if _kernels is None:
         try:
@@ -147,6 +154,29 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None) -> torch.Tensor:
             and (gemm := _cuda_gemm_for(x, gate_up)) is not None):
         return gemm.skinny_linear(x, gate_up, swiglu=True, warm=warm_ranges(then))
     return silu_mul(linear(x, gate_up, then=then))
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [rows, V] -> long [rows]: each row's first index of its largest value (torch.argmax)."""
+    if _triton_on(logits) and logits.dim() == 2 and logits.stride(-1) == 1:
+        from .kernels import greedy
+
+        return greedy.argmax_rows(logits)
+    return logits.argmax(-1)
+
+
+def greedy_verdict(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Greedy acceptance of a verified span in one long tensor: ids [k+1] = [last, drafts...] and their logits
+    [k+1, V] -> [n, bonus, drafts...], n the drafts that agree with the target's argmax before the first that
+    does not, bonus the target's argmax at row n (the token after them). Two kernels on the GPU."""
+    if _triton_on(logits) and logits.dim() == 2 and logits.stride(-1) == 1 and ids.is_contiguous():
+        from .kernels import greedy
+
+        return greedy.greedy_verdict(ids, logits)
+    best = logits.argmax(-1)
+    drafts = ids[1:]
+    n = (drafts == best[:-1]).to(torch.int64).cumprod(0).sum()
+    return torch.cat([n.view(1), best.index_select(0, n.view(1)), drafts])
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -72,15 +72,6 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | 
     return draw(probabilities(logits, params), gen)
 
 
-def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """drafts [k]; target_logits [k+1, V]. Returns (accepted count, the target's next token) as device
-    scalars: the caller brings them to the host in its one transfer of the step."""
-    best = target_logits.argmax(-1)
-    agree = (drafts == best[:-1]).to(torch.int64)
-    n = agree.cumprod(0).sum()
-    return n, best.index_select(0, n.view(1))[0]
-
-
 def accept_sampled(
     drafts: torch.Tensor,
     draft_probs: torch.Tensor,

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 from ..errors import DflashError
-from .graphs import MAX_ROWS, upload
+from .graphs import MAX_ROWS, upload, with_verdict
 
 
 def now(device: torch.device) -> float:
@@ -100,16 +100,18 @@ class Session:
         self.length = 0
         self.pending = []
 
-    def forward(self, ids: Sequence[int] | torch.Tensor, capture=(), all_logits=False):
+    def forward(self, ids: Sequence[int] | torch.Tensor, capture=(), all_logits=False, accept=False):
         """Forward `ids` (host ids, or a 1-D device tensor that stays on the device) at the committed end
-        and commit them."""
+        and commit them. accept: with the greedy verdict on the rows (`out.verdict`; needs all_logits or one row),
+        inside the step's graph on the graphs path."""
         n = len(ids)
         if self.length + n > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")
         if self.fast is not None and n <= MAX_ROWS:
-            out = self.fast(ids, self.length, tuple(capture), all_logits)
+            out = self.fast(ids, self.length, tuple(capture), all_logits, accept)
         else:
-            out = self.model.forward(upload(ids, self.device), self.length, self.cache, capture=capture,
-                                     all_logits=all_logits)
+            ids = upload(ids, self.device)
+            out = with_verdict(self.model.forward(ids, self.length, self.cache, capture=capture,
+                                                  all_logits=all_logits), ids, accept)
         self.length += n
         return out

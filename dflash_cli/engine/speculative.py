@@ -21,7 +21,8 @@ import torch
 
 from .generation import Step
 from .graphs import upload
-from .sampling import SamplingParams, accept_greedy, accept_sampled, probabilities
+from . import ops
+from .sampling import SamplingParams, accept_sampled, probabilities
 from .session import Session, mark, read_later
 
 
@@ -101,12 +102,14 @@ class SpeculativeDecoder:
             drafts, q = self.proposer.propose(last, k, params, gen) if k else (head[:0], None)
             t1 = mark(dev)
         ids = torch.cat([head, drafts])
-        out = session.forward(ids, capture=self.proposer.capture, all_logits=True)
-        n, bonus = self.accept(drafts, q, out.logits, params, gen)
+        # Greedy: the acceptance runs inside the verify's graph.
+        out = session.forward(ids, capture=self.proposer.capture, all_logits=True, accept=params.greedy)
+        verdict = self.accept(ids, q, out, params, gen)
         t2 = mark(dev)
         # The step's one host sync: everything the host needs from the device, in one transfer, queued
         # before the next proposal so that reading it waits for this step only.
-        outcome = read_later(torch.cat([n.view(1), bonus.view(1), drafts]))
+        outcome = read_later(verdict)
+        n, bonus = verdict[0], verdict[1]
         nxt = self._queue_next(session, out.hidden, ids, start, k, n, bonus, budget, params, gen)
         n, bonus, *draft = outcome()
         session.length = start + n + 1  # roll back the rejected drafts' KV
@@ -136,11 +139,15 @@ class SpeculativeDecoder:
         return _Queued(start=-1, k=self.draft_len, head=bonus.view(1), drafts=drafts, q=q,
                        marks=(t0, mark(session.device)))
 
-    def accept(self, drafts: torch.Tensor, q, logits: torch.Tensor, params: SamplingParams, gen):
-        """(accepted drafts, the target's next token) from the verify logits [k+1, V], as device scalars."""
+    def accept(self, ids: torch.Tensor, q, out, params: SamplingParams, gen) -> torch.Tensor:
+        """The verdict on the verified rows `ids` = [last, drafts...] from the verify's output (logits
+        [k+1, V]): long [2 + k] = [accepted drafts, the target's next token, drafts...] on the device."""
+        if out.verdict is not None:
+            return out.verdict
         if params.greedy:
-            return accept_greedy(drafts, logits)
-        return accept_sampled(drafts, q, probabilities(logits, params), gen)
+            return ops.greedy_verdict(ids, out.logits)
+        n, bonus = accept_sampled(ids[1:], q, probabilities(out.logits, params), gen)
+        return torch.cat([n.view(1), bonus.view(1), ids[1:]])
 
     def sync(self, session: Session) -> None:
         self._queued = None

@@ -305,6 +305,6 @@ class Eagle3Drafter:
         for i in range(k):
             span = StaticSpan(self.cache, positions[i : i + 1], window, self.cos, self.sin)
             state = self._rows(span, state, token)
-            token = self.draft_to_target[self.logits(state).argmax(-1)]
+            token = self.draft_to_target[ops.argmax_rows(self.logits(state))]
             drafts.append(token)
         return torch.cat(drafts)

@@ -30,6 +30,7 @@ def checkpoint_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
 class ForwardOut:
     logits: torch.Tensor | None  # [T or 1, vocab] float32
     hidden: torch.Tensor | None  # [T, len(capture) * hidden]: captured layer states, concatenated
+    verdict: torch.Tensor | None = None  # set by the engine where asked: ops.greedy_verdict of the rows
 
 
 class Qwen3Model:

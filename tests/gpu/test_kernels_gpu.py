@@ -138,3 +138,21 @@ def test_swiglu_epilogue_matches_unfused_bf16(m):
             assert ((fused.float() - unfused.float()).abs() > 1e-2 * unfused.float().abs() + 1e-3).sum() == 0
         ref = ops.silu_mul(x.float() @ w.float().T)
         assert ((ops.swiglu(x, w).float() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
+def test_greedy_kernels_match_torch():
+    """Argmax rows and the greedy verdict at the vocabulary's size, ties included."""
+    from dflash_cli.engine.kernels import greedy
+
+    torch.manual_seed(0)
+    for rows in (1, 15, 17):
+        lg = torch.randn(rows, 151936, device="cuda")
+        lg[0, 5] = lg[0, 150000] = lg[0].max() + 1  # a tie across chunks: the first index wins
+        best = lg.argmax(-1)
+        assert torch.equal(greedy.argmax_rows(lg), best)
+        for cut in range(rows):  # the first `cut` drafts agree
+            drafts = best[:-1].clone()
+            drafts[cut:] += 1
+            ids = torch.cat([best.new_tensor([3]), drafts])
+            got = greedy.greedy_verdict(ids, lg).cpu()
+            assert got[0] == min(cut, rows - 1) and got[1] == best[got[0]].cpu() and torch.equal(got[2:], drafts.cpu())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...models.dflash import DFlashDrafter
+from .. import ops
 from ..sampling import SamplingParams, draw, probabilities
 
 
@@ -40,7 +41,7 @@ class DFlashProposer:
     @staticmethod
     def _drafts(logits: torch.Tensor, params: SamplingParams, gen):
         if params.greedy:
-            return logits.argmax(-1), None
+            return ops.argmax_rows(logits), None
         q = probabilities(logits, params)
         return draw(q, gen), q
 
