@@ -87,7 +87,7 @@ class ForcedDecoder(SpeculativeDecoder):
     def accept(self, ids, q, out, params, gen):
         verdict = super().accept(ids, q, out, params, gen)  # keep the real acceptance's cost
         n = min(self.proposer.forced, ids.shape[0] - 1)
-        forced = verdict.clone()  # the real one may be the graph's own output
-        forced[0] = n
-        forced[1:2] = out.logits[n].argmax().view(1)
-        return forced
+        # Built anew (the real verdict may be a graph's output). Not `verdict[0] = n`: setting an element
+        # from a host number copies from pageable memory, which waits for the device.
+        count = torch.full((1,), n, dtype=verdict.dtype, device=verdict.device)
+        return torch.cat([count, out.logits[n].argmax().view(1), verdict[2:]])

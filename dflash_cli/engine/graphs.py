@@ -166,7 +166,7 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     """Decode steps and verify spans of the target: extra key = (capture, all_logits, accept); with accept the
     greedy verdict on the rows (ops.greedy_verdict) is part of the graph."""
 
-    def fn(ids, positions, window, capture, all_logits, accept):
+    def fn(ids, positions, window, capture, all_logits, accept=False):
         return with_verdict(model.forward_static(ids, positions, cache, window, capture, all_logits), ids, accept)
 
     graphs = Graphs(fn, model.device, cache.max_len, use_graphs)
