@@ -137,13 +137,14 @@ def main():
     drafter = random_drafter("qwen3-4b", "dflash", model)
     cache, out, graphs = prefilled_graphs(model, CTX, drafter.capture)
     static = target_graphs(model, cache, use_graphs=False)
-    one = lambda: graphs([5], CTX, (), False)  # noqa: E731
-    span = lambda: graphs(list(range(16)), CTX, drafter.capture, True)  # noqa: E731
+    # Greedy graphs as the engine runs them: the decode's argmax and the verify's acceptance inside (accept).
+    one = lambda: graphs([5], CTX, (), False, True)  # noqa: E731
+    span = lambda: graphs(list(range(16)), CTX, drafter.capture, True, True)  # noqa: E731
     print(f"device {torch.cuda.get_device_name()}  ctx {CTX}")
-    span8 = lambda: graphs(list(range(8)), CTX, drafter.capture, True)  # noqa: E731  (EAGLE-3's chain of 7)
+    span8 = lambda: graphs(list(range(8)), CTX, drafter.capture, True, True)  # noqa: E731  (EAGLE-3's chain of 7)
     print(f"graph replay: decode {replay_ms(one):.3f} ms, verify 16 rows {replay_ms(span):.3f} ms, "
           f"verify 8 rows {replay_ms(span8):.3f} ms")
-    print(f"graph replay: decode at ctx {8 * CTX}: {replay_ms(lambda: graphs([5], 8 * CTX, (), False)):.3f} ms")
+    print(f"graph replay: decode at ctx {8 * CTX}: {replay_ms(lambda: graphs([5], 8 * CTX, (), False, True)):.3f} ms")
     drafter.reset(CTX + 256, "graphs")
     drafter.absorb(out.hidden, 0)
     draft = lambda: drafter.draft_logits(5, 15)  # noqa: E731
