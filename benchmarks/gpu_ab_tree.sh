@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: A/B of two source trees, the checkout as built against BASE (a folder holding an older
-# dflash_cli/, csrc/ and benchmarks/, e.g. from `git archive`): GPU tests on the checkout, then interleaved
+# dflash_cli/, csrc/ and benchmarks/, e.g. from `git archive`; benchmarks/step_timeline.py needs the
+# step_profile.py of its own commit or later): GPU tests on the checkout, then interleaved
 # rounds of graph replays (step_profile.py REPLAYS_ONLY) with one synthetic bench each at ctx 1024 in round 1,
 # then both trees' step timelines (step_timeline.py). Env: BASE (required), PYTEST_K, ROUNDS (default 2),
 # TIMELINE=0 skips the timelines.

@@ -79,14 +79,30 @@ def busy_us(prof) -> tuple[float, float, list[float]]:
     return busy, spans[-1][1] - spans[0][0], gaps
 
 
-def decode_steps(model, decoder, label, new=128):
-    """Generations through the real driver on graphs: wall time per step against the time the GPU is busy."""
+def prompt_and_sequence(new: int) -> tuple[list[int], list[int]]:
+    """The CTX-token prompt of the step runs, and it followed by the continuation forced acceptance commits."""
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
+    return prompt, prompt + torch.randint(0, 1000, (new + 64,), generator=g).tolist()
+
+
+def forced_decoder(model, proposer, tau=6.0, new=128):
+    """The bench's forced-acceptance decoder around `proposer` (EAGLE-3: the bench's chain of 7)."""
+    from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
+
+    draft_len = 7 if proposer.kind == "eagle3" else None
+    return ForcedDecoder(ForcedAcceptance(proposer, prompt_and_sequence(new)[1], tau, model.cfg.vocab_size),
+                         draft_len)
+
+
+def generation_runner(model, decoder, new=128):
+    """A callable running one greedy generation of `new` tokens after the CTX-token prompt through the real
+    driver, on graphs (the first call captures)."""
     from dflash_cli.engine.generation import Request, generate
     from dflash_cli.engine.sampling import SamplingParams
     from dflash_cli.engine.session import Session
 
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
+    prompt = prompt_and_sequence(new)[0]
     session = Session(model, CTX + new + 64, "graphs")
 
     def run():
@@ -95,6 +111,12 @@ def decode_steps(model, decoder, label, new=128):
             decoder.proposer.reset(session.max_len, session.path)
         return generate(session, decoder, Request(prompt, SamplingParams(), new))
 
+    return run
+
+
+def decode_steps(model, decoder, label, new=128):
+    """Generations through the real driver on graphs: wall time per step against the time the GPU is busy."""
+    run = generation_runner(model, decoder, new)
     run()  # captures
     res = run()
     n = len(res.steps)
@@ -121,14 +143,7 @@ def decode_steps(model, decoder, label, new=128):
 
 def spec_steps(model, proposer, label, tau=6.0, new=128):
     """Forced-acceptance generations through the real driver, on graphs."""
-    from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
-
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
-    seq = prompt + torch.randint(0, 1000, (new + 64,), generator=g).tolist()
-    draft_len = 7 if proposer.kind == "eagle3" else None  # the bench's EAGLE-3 chain
-    decoder = ForcedDecoder(ForcedAcceptance(proposer, seq, tau, model.cfg.vocab_size), draft_len)
-    decode_steps(model, decoder, f"{label} steps (graphs, forced tau {tau})", new)
+    decode_steps(model, forced_decoder(model, proposer, tau, new), f"{label} steps (graphs, forced tau {tau})", new)
 
 
 def main():

@@ -14,41 +14,24 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.step_profile import CTX, forced_decoder, generation_runner  # noqa: E402
 from dflash_cli.synthetic import random_drafter, random_qwen3  # noqa: E402
 
-CTX = int(os.environ.get("CTX", "1024"))
 NEW = 128
 
 
 def runner(model, kind):
     """A callable running one generation of NEW tokens after a CTX-token prompt, as the bench does."""
-    from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
-    from dflash_cli.engine.generation import PlainDecoder, Request, generate
-    from dflash_cli.engine.sampling import SamplingParams
-    from dflash_cli.engine.session import Session
+    from dflash_cli.engine.generation import PlainDecoder
+    from dflash_cli.engine.proposers.dflash import DFlashProposer
+    from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
 
-    g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
-    seq = prompt + torch.randint(0, 1000, (NEW + 64,), generator=g).tolist()
-    session = Session(model, CTX + NEW + 64, "graphs")
     if kind == "none":
         decoder = PlainDecoder()
     else:
-        from dflash_cli.engine.proposers.dflash import DFlashProposer
-        from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
-
         make = DFlashProposer if kind == "dflash" else Eagle3Proposer
-        proposer = make(random_drafter("qwen3-4b", kind, model))
-        decoder = ForcedDecoder(ForcedAcceptance(proposer, seq, 6.0, model.cfg.vocab_size),
-                                7 if kind == "eagle3" else None)
-
-    def run():
-        session.reset()
-        if hasattr(decoder, "proposer"):
-            decoder.proposer.reset(session.max_len, session.path)
-        return generate(session, decoder, Request(prompt, SamplingParams(), NEW))
-
-    return run
+        decoder = forced_decoder(model, make(random_drafter("qwen3-4b", kind, model)), 6.0, NEW)
+    return generation_runner(model, decoder, NEW)
 
 
 def groups(prof):
@@ -79,12 +62,12 @@ def groups(prof):
         corr = e.correlation_id() or e.linked_correlation_id()  # the CUPTI id its launch call shares
         s, t = e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3
         if cur is not None and cur[0] == corr:
-            cur[2] += 1
-            cur[4] = max(cur[4], t)
+            cur[1] += 1
+            cur[3] = max(cur[3], t)
             continue
-        cur = [corr, None, 1, s, t]
+        cur = [corr, 1, s, t]
         out.append(cur)
-    return [(label(c), n, s, t) for c, _, n, s, t in out]
+    return [(label(c), n, s, t) for c, n, s, t in out]
 
 
 def show(kind, model):

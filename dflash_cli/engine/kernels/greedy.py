@@ -57,7 +57,8 @@ def _pow2(n: int) -> int:
     return max(2, triton.next_power_of_2(n))
 
 
-def _chunk_maxima(logits: torch.Tensor):
+def _finish(logits: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """Both passes: the rows' argmax (ids None) or, for a verify's rows `ids`, its verdict."""
     rows, vocab = logits.shape
     chunks = triton.cdiv(vocab, CHUNK)
     vals = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
@@ -66,22 +67,18 @@ def _chunk_maxima(logits: torch.Tensor):
     # head still needs (H100: a verify's graph took 45 us longer). It lets the finishing program launch early.
     _chunk_max_kernel[(rows, chunks)](logits, logits.stride(0), vocab, vals, idx, chunks, BLOCK=CHUNK,
                                       **launch_options(logits.device, allowed=False, trigger=True))
-    return vals, idx, chunks
+    verdict = ids is not None
+    out = torch.empty(rows + 1 if verdict else rows, dtype=torch.long, device=logits.device)
+    _finish_kernel[(1,)](vals, idx, ids if verdict else out, out, rows, chunks, R=_pow2(rows), C=_pow2(chunks),
+                         VERDICT=verdict, **launch_options(logits.device))
+    return out
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits [rows, V] -> long [rows]: each row's first index of its largest value."""
-    rows = logits.shape[0]
-    vals, idx, chunks = _chunk_maxima(logits)
-    out = torch.empty(rows, dtype=torch.long, device=logits.device)
-    _finish_kernel[(1,)](vals, idx, out, out, rows, chunks, R=_pow2(rows), C=_pow2(chunks), VERDICT=False, **launch_options(logits.device))
-    return out
+    return _finish(logits, None)
 
 
 def greedy_verdict(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """As ops.greedy_verdict: ids long [k+1], logits [k+1, V] -> long [2 + k]."""
-    rows = logits.shape[0]
-    vals, idx, chunks = _chunk_maxima(logits)
-    out = torch.empty(rows + 1, dtype=torch.long, device=logits.device)
-    _finish_kernel[(1,)](vals, idx, ids, out, rows, chunks, R=_pow2(rows), C=_pow2(chunks), VERDICT=True, **launch_options(logits.device))
-    return out
+    return _finish(logits, ids)
