@@ -75,6 +75,31 @@ def mlp_rows(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(layer.gate_up.chunk(2))
 
 
+def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, span, scale: float,
+               final_norm: torch.Tensor | None, read_after: torch.Tensor, capture=()):
+    """The layers over the residual stream h [T, hidden] (the embeddings) -> (h after the last layer, its
+    rms_norm by final_norm or None, {i: h after layer i - 1 for i in capture}; 0 is h itself).
+    read_after: the weight read after the layers (the GPU warms its first rows into L2)."""
+    eps = cfg.rms_norm_eps
+    captured = {0: h} if 0 in capture else {}
+    # Each residual add is fused with the norm that follows it (the next layer's, or the final one).
+    x = ops.rms_norm(h, layers[0].input_norm, eps)
+    norms = [layer.input_norm for layer in layers[1:]] + [final_norm]
+    # Each product names the weight read after it (`then`): the GPU warms that weight's first rows into L2.
+    reads_next = [layer.qkv for layer in layers[1:]] + [read_after]
+    for i, layer in enumerate(layers):
+        attn = self_attention(layer, x, cfg, span, i, scale)
+        h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
+        mlp = ops.linear(ops.swiglu(x, layer.gate_up, then=layer.down), layer.down, then=reads_next[i])
+        if norms[i] is None:
+            h, x = h + mlp, None
+        else:
+            h, x = ops.add_rms_norm(h, mlp, norms[i], eps)
+        if i + 1 in capture:
+            captured[i + 1] = h
+    return h, x, captured
+
+
 def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span, index: int,
                    scale: float) -> torch.Tensor:
     """x [T, hidden] (normed) -> attention output [T, H*D] before o_proj: project, q/k norm + RoPE,

@@ -21,7 +21,7 @@ from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, mlp_rows, project_kv, self_attention
+from .decoder import DecoderLayer, layer_shapes, project_kv, run_layers
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
@@ -214,18 +214,9 @@ class DFlashDrafter:
         h = self.target.embed[block]
         if c.embedding_scale != 1.0:
             h = h * c.embedding_scale
-        eps, last = m.rms_norm_eps, len(self.layers) - 1
-        x = ops.rms_norm(h, self.layers[0].input_norm, eps)
-        # Each residual add is fused with the norm that follows it (one kernel on the GPU).
-        # Each product names the weight read after it (`then`): the GPU warms its first rows into L2.
-        reads_next = [layer.qkv for layer in self.layers[1:]] + [self.target.lm_head]
-        for i, layer in enumerate(self.layers):
-            attn = self_attention(layer, x, m, span, i, self.scale)
-            h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
-            mlp = ops.linear(ops.swiglu(x, layer.gate_up, then=layer.down), layer.down, then=reads_next[i])
-            if i == last:
-                return ops.add_rms_norm(h, mlp, self.norm, eps)[1] if final_norm else h + mlp
-            h, x = ops.add_rms_norm(h, mlp, self.layers[i + 1].input_norm, eps)
+        h, x, _ = run_layers(self.layers, h, m, span, self.scale, self.norm if final_norm else None,
+                             self.target.lm_head)
+        return x if final_norm else h
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.normed_logits(ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps))

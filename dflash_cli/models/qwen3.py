@@ -14,7 +14,7 @@ from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, mlp_rows, self_attention
+from .decoder import DecoderLayer, layer_shapes, run_layers
 
 
 def checkpoint_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -104,21 +104,8 @@ class Qwen3Model:
         return self.run(ids, span, capture, all_logits)
 
     def run(self, ids: torch.Tensor, span, capture: Sequence[int], all_logits: bool) -> ForwardOut:
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        h = self.embed[ids]
-        captured = {0: h} if 0 in capture else {}
-        x = ops.rms_norm(h, self.layers[0].input_norm, eps)
-        # Each residual add is fused with the norm that follows it (the next layer's, or the final one).
-        norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
-        # Each product names the weight read after it (`then`): the GPU warms that weight's first rows into L2.
-        reads_next = [layer.qkv for layer in self.layers[1:]] + [self.lm_head]
-        for i, layer in enumerate(self.layers):
-            attn = self_attention(layer, x, cfg, span, i, self.scale)
-            h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
-            mlp = ops.linear(ops.swiglu(x, layer.gate_up, then=layer.down), layer.down, then=reads_next[i])
-            h, x = ops.add_rms_norm(h, mlp, norms[i], eps)
-            if i + 1 in capture:
-                captured[i + 1] = h
+        _, x, captured = run_layers(self.layers, self.embed[ids], self.cfg, span, self.scale, self.norm,
+                                    self.lm_head, capture)
         logits = ops.logits(x if all_logits else x[-1:], self.lm_head)
         # After the head: a torch copy kernel between the last norm and the head would stall the head's
         # early weight loads (programmatic dependent launch) on the GPU.
