@@ -14,7 +14,7 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.step_profile import gpu_intervals, prefilled_graphs  # noqa: E402
+from benchmarks.step_profile import gpu_intervals, prefilled_graphs, profiled  # noqa: E402
 from dflash_cli.synthetic import random_qwen3  # noqa: E402
 
 CTX = 1024
@@ -23,13 +23,7 @@ CTX = 1024
 def kernel_events(fn, replays=4):
     """The kernels of `replays` replays, ordered by end time. The replays are apart (a sync after each): the
     first kernel of each (the input copy) carries the host's gap as its marginal time."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            fn()
-            torch.cuda.synchronize()
-    return sorted(gpu_intervals(prof), key=lambda e: e[1])
+    return sorted(gpu_intervals(profiled(fn, replays, apart=True)), key=lambda e: e[1])
 
 
 def roles(names: list[str]) -> list[str]:

@@ -32,13 +32,22 @@ def replay_ms(fn, reps=50):
     return a.elapsed_time(b) / reps
 
 
-def profile(fn, steps, label):
+def profiled(fn, runs: int, apart: bool = False):
+    """The profiler over `runs` calls of fn after one warm-up call; apart: a sync after each call (else one at
+    the end), so that each call's first kernel carries the host's gap."""
     fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
+        for _ in range(runs):
             fn()
+            if apart:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
+    return prof
+
+
+def profile(fn, steps, label):
+    prof = profiled(fn, steps)
     rows = [(e.device_time_total / steps, e.count / steps, e.key) for e in prof.key_averages() if e.device_time_total > 0]
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
