@@ -59,7 +59,10 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--plans", help="with --tune: write the fastest plan per product here (DFLASH_GEMM_PLANS)")
     ap.add_argument("--ms", default="1,8,16")
+    ap.add_argument("--fused", action="store_true", help="only the layer products, each plain and with its fusion")
     args = ap.parse_args()
+    if args.fused:
+        return fused_table([int(v) for v in args.ms.split(",")], args.tune)
     torch.manual_seed(0)
     dev = torch.device("cuda")
     assert cuda_gemm.available(dev), cuda_gemm.unavailable_reason(dev)
@@ -114,6 +117,39 @@ def main():
     if args.plans:
         with open(args.plans, "w") as f:
             json.dump({",".join(map(str, key)): list(cfg) for key, (t, cfg) in best.items()}, f, indent=1)
+
+
+# The fusion each layer product takes when the model folds the norms and residual adds into its products:
+# qkv and gate_up read the residual stream through their norm, o and down add theirs to it.
+FUSIONS = {"qkv": ("norm", False), "gate_up": ("norm", True), "o": ("resid", False), "down": ("resid", False)}
+
+
+def fused_table(ms: list[int], sweep: bool = False) -> None:
+    """Each layer product plain and fused (its norm or residual add inside), in the same graphs of copies; with
+    sweep (--tune) the fused kernel under each plan of one K split as well ("warps,unroll[t16]:us")."""
+    dev = torch.device("cuda")
+    print(f"{'shape':10} {'M':>3} {'plan':>18} {'plain us':>9} {'fused us':>9} {'fusion':>7}")
+    for name, (kind, swiglu) in FUSIONS.items():
+        n, k = SHAPES[name]
+        copies = max(2, int(160e6 // (n * k * 2)) + 1)
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        for m in ms:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            res = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+            extra = {"norm": 1e-6} if kind == "norm" else {"residual": res}
+            plain = graph_time(lambda i: cuda_gemm.skinny_linear(x, ws[i], swiglu=swiglu), copies)
+            fused = graph_time(lambda i: cuda_gemm.skinny_linear(x, ws[i], swiglu=swiglu, **extra), copies)  # noqa: B023
+            line = f"{name:10} {m:>3} {str(cuda_gemm.plan(m, n, k)):>18} {plain*1e6:9.2f} {fused*1e6:9.2f} {kind:>7}"
+            if sweep:  # the fused kernel under other plans: us per plan
+                kinds = ("tile8", "tile16") if m > 8 else ("tile8",)
+                for cfg in itertools.product((2, 4, 8), (1,), (2, 4, 8), kinds):
+                    if cuda_gemm.fits(n, cfg) and k // 32 >= cfg[0] * cfg[2]:
+                        t = graph_time(lambda i: cuda_gemm.skinny_linear(x, ws[i], cfg, swiglu=swiglu, **extra),  # noqa: B023
+                                       copies, reps=3)
+                        line += f"  {cfg[0]},{cfg[2]}{'' if cfg[3] == 'tile8' else 't16'}:{t*1e6:.1f}"
+            print(line, flush=True)
+        del ws
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

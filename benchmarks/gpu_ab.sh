@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/all.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider -k "${PYTEST_K:-kernels or graphs}"
+timeout 360 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider -k "${PYTEST_K:-kernels or graphs}"
 [ -n "$GEMM_TABLE" ] && timeout 120 python benchmarks/gemm_bench.py --ms "$GEMM_TABLE" --json "$OUT/gemm.json"
 # TUNE: sweep the CUDA GEMM's plans and write the fastest per product to $OUT/plans.json, for a variant
 # "tuned:DFLASH_GEMM_PLANS=$OUT/plans.json".

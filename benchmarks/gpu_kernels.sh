@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/all.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"}
+timeout 360 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"}
 [ -n "$SWEEP" ] && timeout 60 python benchmarks/attention_sweep.py
 timeout 180 python benchmarks/step_profile.py
 timeout 120 python benchmarks/graph_timeline.py 2>&1 | grep -v Warn  # each kernel's share of the step in its graph

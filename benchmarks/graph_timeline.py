@@ -27,18 +27,23 @@ def kernel_events(fn, replays=4):
 
 
 def roles(names: list[str]) -> list[str]:
-    """Each kernel's role: by its offset from the layer's q/k-norm + RoPE kernel where the name fits the role,
-    else the kernel's own name."""
+    """Each kernel's role: by its offset from the layer's attention split kernel where the name fits the role,
+    else the kernel's own name. A decode step has no RoPE kernel (the split kernel does it: attention_fresh)."""
     out = [n[:40] for n in names]
     gemm = ("skinny_m", "tile16_")
-    fits = {"qkv": gemm, "split": ("split",), "merge": ("merge",), "o": gemm, "norm1": ("norm",),
+    fits = {"qkv": gemm, "rope": ("qk_norm_rope",), "merge": ("merge",), "o": gemm, "norm1": ("norm",),
             "gate_up": ("swiglu",), "down": gemm, "norm2": ("norm",)}
-    offsets = {"qkv": -1, "split": 1, "merge": 2, "o": 3, "norm1": 4, "gate_up": 5, "down": 6, "norm2": 7}
+    offsets = {"merge": 1, "o": 2, "norm1": 3, "gate_up": 4, "down": 5, "norm2": 6}
+    # Norms inside the products (ops.fuses_norms): no norm kernels, each product named by its fusion.
+    fused = {"merge": 1, "o": 2, "gate_up": 3, "down": 4}
     for i, n in enumerate(names):
-        if "qk_norm_rope" not in n:
+        if "_split_kernel" not in n:
             continue
-        out[i] = "rope"
-        for role, off in offsets.items():
+        out[i] = "split"
+        rope = i > 0 and "qk_norm_rope" in names[i - 1]
+        layout = dict(fused if i + 3 < len(names) and "norm_swiglu" in names[i + 3] else offsets,
+                      **({"rope": -1, "qkv": -2} if rope else {"qkv": -1}))
+        for role, off in layout.items():
             j = i + off
             if 0 <= j < len(names) and any(f in names[j] for f in fits[role]):
                 out[j] = role
@@ -50,7 +55,7 @@ def table(events, weights: dict, label: str) -> None:
     for (start, end, name), role in zip(events, roles([e[2] for e in events])):
         marg[role].append(max(0.0, end - prev_end))
         prev_end = max(prev_end, end)
-    print(f"\n{label}: {len(events)} kernels ({len(marg['rope'])} layers over the replays)")
+    print(f"\n{label}: {len(events)} kernels ({len(marg['split'])} layers over the replays)")
     print(f"  {'role':40s} {'count':>5s} {'marginal us':>12s} {'per launch':>10s} {'GB/s':>7s}")
     for role, vals in sorted(marg.items(), key=lambda kv: -sum(kv[1])):
         per = sum(vals) / len(vals)

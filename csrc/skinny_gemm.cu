@@ -12,6 +12,14 @@
 // through shared memory, and with S > 1 the K range is also split over S blocks whose fp32 partial
 // tiles meet in a workspace: the last block of a tile to finish (an atomic counter) adds the S
 // partials in a fixed order, writes bf16 and resets the counter. No memset, deterministic sums.
+//
+// Fusions (MODE bits): SWIGLU (the activation of an MLP's [gate; up] product in the epilogue), NORM (an RMSNorm
+// without weight folded in: x is the residual stream h, the mma reads h itself, and the epilogue scales each
+// token's sums by rsqrt(mean(h^2) + eps), the squares summed from the same loads of h; the model folds the norm's
+// weight into W's columns), RESID (the residual add in the epilogue: out = bf16(residual + bf16(x @ W^T)), as
+// the unfused product then add rounds). A layer's two norms and two residual adds then cost no kernels of their
+// own. (Loading the norm's weight beside x instead cost 16 registers at unroll 4, two fewer blocks per SM and
+// more than the norm kernel it replaced: benchmarks/2026-11-23-h100/session8/.)
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -111,15 +119,15 @@ __device__ __forceinline__ bool sum_warps(float* acc, float* red, const Place& p
   return true;
 }
 
-// K splits over blocks: each block's partial tile goes to its slot of the workspace (splits x N x 16 floats);
+// K splits over blocks: each block's partial tile goes to its slot of the workspace (splits x tiles x 32 x F);
 // the last block of the tile to arrive (an atomic counter) adds every slot in a fixed order into acc, so the
 // result does not depend on which block came last, and resets the counter (no memset). False in the others.
 template <int F>
-__device__ __forceinline__ bool gather_splits(float* acc, float* __restrict__ ws, int* __restrict__ counters, int N,
+__device__ __forceinline__ bool gather_splits(float* acc, float* __restrict__ ws, int* __restrict__ counters,
                                               const Place& p) {
   if (p.splits == 1) return true;
-  const size_t lane_slot = ((size_t)p.tile * 32 + p.lane) * F;
-  float* slot = ws + (size_t)p.split * N * 16 + lane_slot;
+  const size_t lane_slot = ((size_t)p.tile * 32 + p.lane) * F, per_split = (size_t)gridDim.x * 32 * F;
+  float* slot = ws + (size_t)p.split * per_split + lane_slot;
 #pragma unroll
   for (int i = 0; i < F; i += 4)
     *reinterpret_cast<float4*>(slot + i) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
@@ -132,7 +140,7 @@ __device__ __forceinline__ bool gather_splits(float* acc, float* __restrict__ ws
 #pragma unroll
   for (int i = 0; i < F; ++i) acc[i] = 0.f;
   for (int s = 0; s < p.splits; ++s) {
-    const float* part = ws + (size_t)s * N * 16 + lane_slot;
+    const float* part = ws + (size_t)s * per_split + lane_slot;
 #pragma unroll
     for (int i = 0; i < F; i += 4) {
       const float4 v = __ldcg(reinterpret_cast<const float4*>(part + i));
@@ -152,15 +160,45 @@ __device__ __forceinline__ __nv_bfloat162 swiglu2(float g0, float g1, float u0, 
   return __floats2bfloat162_rn(s0 * round_bf16(u0), s1 * round_bf16(u1));
 }
 
+// The residual add as the unfused path rounds it: the product rounded to bf16, then the sum rounded.
+__device__ __forceinline__ __nv_bfloat162 add_resid2(const __nv_bfloat16* res, float a0, float a1) {
+  const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(res));
+  return __floats2bfloat162_rn(r.x + round_bf16(a0), r.y + round_bf16(a1));
+}
+
+enum : int { SWIGLU_BIT = 1, NORM_BIT = 2, RESID_BIT = 4 };
+
+// NORM: the squares of eight k of a token's h (a fragment past M is zeros and adds nothing).
+__device__ __forceinline__ void add_squares(uint4 h, float& ss) {
+  const __nv_bfloat162* hp = reinterpret_cast<const __nv_bfloat162*>(&h);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(hp[i]);
+    ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+  }
+}
+
+// NORM: the quad's lanes hold squares of disjoint k of token g (after the warp and split sums): their total
+// gives the token's rsqrt(mean(h^2) + eps), the scale of its sums.
+__device__ __forceinline__ float norm_scale(float ss, int K, float eps) {
+  ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+  return rsqrtf(ss / (float)K + eps);
+}
+
+// aux: the residual [M, N] with RESID; eps: the norm's, with NORM.
 // HIGH: tokens 8..15 exist (M > 8); otherwise the upper half of A is zeros and never loaded.
 // SWIGLU: W is [gate; up] (N rows, N/2 each) and out is silu(x @ gate^T) * (x @ up^T) [M, N/2]: tile j reads
 // gate rows 4j..4j+3 as its columns 0..3 and the matching up rows as 4..7, so lanes t and t + 2 of a quad
 // hold a gate and its up after the reduction, and the activation costs no kernel of its own.
-template <bool HIGH, int U, bool SWIGLU>
+template <bool HIGH, int U, int MODE>
 __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                             __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
-                                            int* __restrict__ counters, int M, int N, int K, const Warm& warm) {
-  extern __shared__ float red[];  // [NW][32][4]
+                                            int* __restrict__ counters, int M, int N, int K, const Warm& warm,
+                                            const __nv_bfloat16* __restrict__ aux, float eps) {
+  constexpr bool SWIGLU = MODE & SWIGLU_BIT, NORM = MODE & NORM_BIT, RESID = MODE & RESID_BIT;
+  constexpr int F = NORM ? 8 : 4;  // per lane: the 4 sums, and with NORM the squares of tokens g, g + 8 (and 2 pad)
+  extern __shared__ float red[];  // [NW][32][F]
   const Place p(K);
   const int g = p.g, t = p.t, tile = p.tile, c1 = p.c1;
 
@@ -172,6 +210,7 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float ss[2] = {0.f, 0.f};
   int c = p.c0;
   // W is double-buffered: the next U chunks are in flight while the current ones are multiplied.
   // (Double-buffering x as well was measured slower: 13.4 vs 10.9 us on o_proj, more registers.)
@@ -194,6 +233,13 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
 #pragma unroll
       for (int u = 0; u < U; ++u) nx[u] = load_stream(wrow + (size_t)(c + U + u) * 32);
     }
+    if (NORM) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        add_squares(xl[u], ss[0]);
+        if (HIGH) add_squares(xh[u], ss[1]);
+      }
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       mma_bf16(acc, xl[u].x, xh[u].x, xl[u].y, xh[u].y, wv[u].x, wv[u].y);
@@ -208,29 +254,53 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     uint4 w1 = load_stream(wrow + (size_t)c * 32);
     uint4 xl = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + c * 32)) : zero;
     uint4 xh = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + c * 32)) : zero;
+    if (NORM) {
+      add_squares(xl, ss[0]);
+      if (HIGH) add_squares(xh, ss[1]);
+    }
     mma_bf16(acc, xl.x, xh.x, xl.y, xh.y, w1.x, w1.y);
     mma_bf16(acc, xl.z, xh.z, xl.w, xh.w, w1.z, w1.w);
   }
 
   warm_l2(warm);
-  if (!sum_warps<4>(acc, red, p) || !gather_splits<4>(acc, ws, counters, N, p)) return;
-  // acc[0..1]: token g, columns 2t, 2t+1 of the tile; acc[2..3]: token g+8.
+  float all[F];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) all[i] = acc[i];
+  if (NORM) {
+    all[4] = ss[0]; all[5] = ss[1];
+#pragma unroll
+    for (int i = 6; i < F; ++i) all[i] = 0.f;
+  }
+  if (!sum_warps<F>(all, red, p) || !gather_splits<F>(all, ws, counters, p)) return;
+  // all[0..1]: token g, columns 2t, 2t+1 of the tile; all[2..3]: token g+8.
+  if (NORM) {
+    const float r0 = norm_scale(all[4], K, eps), r1 = norm_scale(all[5], K, eps);
+    all[0] *= r0; all[1] *= r0; all[2] *= r1; all[3] *= r1;
+  }
   const int col = tile * 8 + 2 * t;
   if (SWIGLU) {
     float up[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, acc[i], 2);  // lane t < 2 gets t + 2's
+    for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xffffffffu, all[i], 2);  // lane t < 2 gets t + 2's
     if (t >= 2) return;
     const int half = N >> 1, c = tile * 4 + 2 * t;
-    if (g < M) *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * half + c) = swiglu2(acc[0], acc[1], up[0], up[1]);
+    if (g < M) *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * half + c) = swiglu2(all[0], all[1], up[0], up[1]);
     if (HIGH && g + 8 < M)
-      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * half + c) = swiglu2(acc[2], acc[3], up[2], up[3]);
+      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * half + c) = swiglu2(all[2], all[3], up[2], up[3]);
+    return;
+  }
+  if (RESID) {
+    if (g < M)
+      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * N + col) = add_resid2(aux + (size_t)g * N + col, all[0], all[1]);
+    if (HIGH && g + 8 < M)
+      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * N + col) =
+          add_resid2(aux + (size_t)(g + 8) * N + col, all[2], all[3]);
     return;
   }
   if (g < M)
-    *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * N + col) = __floats2bfloat162_rn(acc[0], acc[1]);
+    *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * N + col) = __floats2bfloat162_rn(all[0], all[1]);
   if (HIGH && g + 8 < M)
-    *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * N + col) = __floats2bfloat162_rn(acc[2], acc[3]);
+    *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * N + col) = __floats2bfloat162_rn(all[2], all[3]);
 }
 
 
@@ -240,12 +310,15 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
 // (twice as many in the kernel above), half as many at 8 or fewer. Warps split K as above.
 // SWIGLU: tile j reads gate rows 8j..8j+7 as rows 0..7 and the matching up rows as 8..15, so each thread
 // holds a gate and its up (C rows g and g + 8) after the reduction.
-template <int TOK, int U, bool SWIGLU>
+template <int TOK, int U, int MODE>
 __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                        __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
-                                       int* __restrict__ counters, int M, int N, int K, const Warm& warm) {
+                                       int* __restrict__ counters, int M, int N, int K, const Warm& warm,
+                                       const __nv_bfloat16* __restrict__ aux, float eps) {
+  constexpr bool SWIGLU = MODE & SWIGLU_BIT, NORM = MODE & NORM_BIT, RESID = MODE & RESID_BIT;
+  constexpr int A = TOK > 8 ? 8 : 4;  // sums per lane: tokens 0..7, and 8..15 with TOK 16
+  constexpr int F = NORM ? A + 4 : A;  // with NORM, the squares of tokens g and g + 8 (and 2 pad)
   extern __shared__ float red[];  // [NW][32][F]
-  constexpr int F = TOK > 8 ? 8 : 4;  // accumulators per lane: tokens 0..7, and 8..15 with TOK 16
   const Place p(K);
   const int g = p.g, t = p.t, tile = p.tile, c1 = p.c1;
   const int r0 = SWIGLU ? tile * 8 + g : tile * 16 + g, r1 = SWIGLU ? (N >> 1) + tile * 8 + g : r0 + 8;
@@ -271,6 +344,7 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
   float acc[2][4] = {};
   float(&lo)[4] = acc[0];  // tokens 0..7
   float(&hi)[4] = acc[1];  // tokens 8..15
+  float ss[2] = {0.f, 0.f};
   for (; c + U <= c1; c += U) {
     uint4 xl[U], xh[U], nl[U], nh[U];
 #pragma unroll
@@ -284,6 +358,13 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
       for (int u = 0; u < U; ++u) {
         nl[u] = load_stream(wlo + (size_t)(c + U + u) * 32);
         nh[u] = load_stream(whi + (size_t)(c + U + u) * 32);
+      }
+    }
+    if (NORM) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        add_squares(xl[u], ss[0]);
+        if (TOK > 8) add_squares(xh[u], ss[1]);
       }
     }
 #pragma unroll
@@ -306,19 +387,39 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
   for (; c < c1; ++c) {
     const uint4 a = load_stream(wlo + (size_t)c * 32), a2 = load_stream(whi + (size_t)c * 32);
     const uint4 b = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + c * 32)) : zero;
+    if (NORM) add_squares(b, ss[0]);
     mma_bf16(lo, a.x, a2.x, a.y, a2.y, b.x, b.y);
     mma_bf16(lo, a.z, a2.z, a.w, a2.w, b.z, b.w);
     if (TOK > 8) {
       const uint4 b2 = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + c * 32)) : zero;
+      if (NORM) add_squares(b2, ss[1]);
       mma_bf16(hi, a.x, a2.x, a.y, a2.y, b2.x, b2.y);
       mma_bf16(hi, a.z, a2.z, a.w, a2.w, b2.z, b2.w);
     }
   }
 
   warm_l2(warm);
-  if (!sum_warps<F>(&acc[0][0], red, p) || !gather_splits<F>(&acc[0][0], ws, counters, N, p)) return;
+  float all[F];
+#pragma unroll
+  for (int i = 0; i < A; ++i) all[i] = acc[i / 4][i % 4];
+  if (NORM) {
+    all[A] = ss[0]; all[A + 1] = ss[1]; all[A + 2] = 0.f; all[A + 3] = 0.f;
+  }
+  if (!sum_warps<F>(all, red, p) || !gather_splits<F>(all, ws, counters, p)) return;
+#pragma unroll
+  for (int i = 0; i < A; ++i) acc[i / 4][i % 4] = all[i];
   // C fragment: [0], [1] are A row g for tokens 2t, 2t + 1; [2], [3] row g + 8 (lo: tokens 0..7, hi: 8..15).
   const int tok = 2 * t;
+  if (NORM) {
+    // Lane g * 4 + j holds token g's scale (and g + 8's): tokens 2t and 2t + 1 are at lanes 8t and 8t + 4.
+    const float rg = norm_scale(all[A], K, eps), rh = norm_scale(all[A + 1], K, eps);
+    const float s0 = __shfl_sync(0xffffffffu, rg, 8 * t), s1 = __shfl_sync(0xffffffffu, rg, 8 * t + 4);
+    const float s8 = __shfl_sync(0xffffffffu, rh, 8 * t), s9 = __shfl_sync(0xffffffffu, rh, 8 * t + 4);
+    lo[0] *= s0; lo[2] *= s0; lo[1] *= s1; lo[3] *= s1;
+    if (TOK > 8) {
+      hi[0] *= s8; hi[2] *= s8; hi[1] *= s9; hi[3] *= s9;
+    }
+  }
   if (SWIGLU) {
     const int half = N >> 1, n = tile * 8 + g;
     const __nv_bfloat162 a = swiglu2(lo[0], lo[1], lo[2], lo[3]);
@@ -332,60 +433,61 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
     return;
   }
   const int n = tile * 16 + g;
-  if (tok < M) {
-    out[(size_t)tok * N + n] = __float2bfloat16_rn(lo[0]);
-    out[(size_t)tok * N + n + 8] = __float2bfloat16_rn(lo[2]);
-  }
-  if (tok + 1 < M) {
-    out[(size_t)(tok + 1) * N + n] = __float2bfloat16_rn(lo[1]);
-    out[(size_t)(tok + 1) * N + n + 8] = __float2bfloat16_rn(lo[3]);
-  }
-  if (TOK > 8) {
-    if (tok + 8 < M) {
-      out[(size_t)(tok + 8) * N + n] = __float2bfloat16_rn(hi[0]);
-      out[(size_t)(tok + 8) * N + n + 8] = __float2bfloat16_rn(hi[2]);
+  // Token j's outputs are rows n and n + 8 of the tile: (j, v) below is token tok + j (j = 0, 1, 8, 9) and its
+  // values. With RESID every residual value is loaded before any store (one memory latency, not one per pair).
+  const int js[4] = {0, 1, 8, 9};
+  const float vals[4][2] = {{lo[0], lo[2]}, {lo[1], lo[3]}, {hi[0], hi[2]}, {hi[1], hi[3]}};
+  constexpr int J = TOK > 8 ? 4 : 2;
+  __nv_bfloat16 res[J][2];
+  if (RESID) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const size_t at = (size_t)(tok + js[j]) * N + n;
+      const bool ok = tok + js[j] < M;
+      res[j][0] = ok ? aux[at] : __float2bfloat16_rn(0.f);
+      res[j][1] = ok ? aux[at + 8] : __float2bfloat16_rn(0.f);
     }
-    if (tok + 9 < M) {
-      out[(size_t)(tok + 9) * N + n] = __float2bfloat16_rn(hi[1]);
-      out[(size_t)(tok + 9) * N + n + 8] = __float2bfloat16_rn(hi[3]);
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    if (tok + js[j] >= M) continue;
+    const size_t at = (size_t)(tok + js[j]) * N + n;
+    if (RESID) {
+      out[at] = __float2bfloat16_rn(__bfloat162float(res[j][0]) + round_bf16(vals[j][0]));
+      out[at + 8] = __float2bfloat16_rn(__bfloat162float(res[j][1]) + round_bf16(vals[j][1]));
+    } else {
+      out[at] = __float2bfloat16_rn(vals[j][0]);
+      out[at + 8] = __float2bfloat16_rn(vals[j][1]);
     }
   }
 }
 
 }  // namespace
 
-#define SKINNY_ENTRY(NAME, HIGH, U, SWIGLU)                                                                    \
+// Every entry has one signature: aux and eps are read only by the fusions that need them (see skinny_tile).
+#define GEMM_ENTRY(NAME, BODY, P, U, MODE)                                                                     \
   extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
                                   int* counters, int M, int N, int K, const char* warm_a, int warm_a_bytes,       \
-                                  const char* warm_b, int warm_b_bytes) {                                        \
-    skinny_tile<HIGH, U, SWIGLU>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}); \
+                                  const char* warm_b, int warm_b_bytes, const __nv_bfloat16* aux, float eps) {    \
+    BODY<P, U, MODE>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}, aux, eps); \
   }
 
-#define SKINNY_ENTRIES(M, HIGH, U)                    \
-  SKINNY_ENTRY(skinny_m##M##_u##U, HIGH, U, false)    \
-  SKINNY_ENTRY(skinny_m##M##_u##U##_swiglu, HIGH, U, true)
+#define GEMM_MODES(PREFIX, BODY, P, U)                                       \
+  GEMM_ENTRY(PREFIX##_u##U, BODY, P, U, 0)                                   \
+  GEMM_ENTRY(PREFIX##_u##U##_swiglu, BODY, P, U, SWIGLU_BIT)                 \
+  GEMM_ENTRY(PREFIX##_u##U##_norm, BODY, P, U, NORM_BIT)                     \
+  GEMM_ENTRY(PREFIX##_u##U##_norm_swiglu, BODY, P, U, NORM_BIT | SWIGLU_BIT) \
+  GEMM_ENTRY(PREFIX##_u##U##_resid, BODY, P, U, RESID_BIT)
 
-SKINNY_ENTRIES(8, false, 2)
-SKINNY_ENTRIES(8, false, 4)
-SKINNY_ENTRIES(8, false, 8)
-SKINNY_ENTRIES(16, true, 2)
-SKINNY_ENTRIES(16, true, 4)
-SKINNY_ENTRIES(16, true, 8)
-
-#define TILE16_ENTRY(NAME, TOK, U, SWIGLU)                                                                    \
-  extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
-                                  int* counters, int M, int N, int K, const char* warm_a, int warm_a_bytes,       \
-                                  const char* warm_b, int warm_b_bytes) {                                        \
-    tile16<TOK, U, SWIGLU>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}); \
-  }
-
-#define TILE16_ENTRIES(TOK, U)                              \
-  TILE16_ENTRY(tile16_t##TOK##_u##U, TOK, U, false)         \
-  TILE16_ENTRY(tile16_t##TOK##_u##U##_swiglu, TOK, U, true)
-
-TILE16_ENTRIES(8, 2)
-TILE16_ENTRIES(8, 4)
-TILE16_ENTRIES(8, 8)
-TILE16_ENTRIES(16, 2)
-TILE16_ENTRIES(16, 4)
-TILE16_ENTRIES(16, 8)
+GEMM_MODES(skinny_m8, skinny_tile, false, 2)
+GEMM_MODES(skinny_m8, skinny_tile, false, 4)
+GEMM_MODES(skinny_m8, skinny_tile, false, 8)
+GEMM_MODES(skinny_m16, skinny_tile, true, 2)
+GEMM_MODES(skinny_m16, skinny_tile, true, 4)
+GEMM_MODES(skinny_m16, skinny_tile, true, 8)
+GEMM_MODES(tile16_t8, tile16, 8, 2)
+GEMM_MODES(tile16_t8, tile16, 8, 4)
+GEMM_MODES(tile16_t8, tile16, 8, 8)
+GEMM_MODES(tile16_t16, tile16, 16, 2)
+GEMM_MODES(tile16_t16, tile16, 16, 4)
+GEMM_MODES(tile16_t16, tile16, 16, 8)

@@ -112,3 +112,17 @@ def test_numeric_switches_name_themselves_when_malformed(monkeypatch):
         monkeypatch.setenv("DFLASH_SPAN_MIN_SPLIT", bad)
         with pytest.raises(DflashError, match=f"DFLASH_SPAN_MIN_SPLIT={bad}: must be a power of two from 64 to 256"):
             switches.env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, 64, 256)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_norm_and_residual_are_the_composition_off_the_gpu(dtype):
+    """linear's norm (a unit-weight RMSNorm before) and residual (the add after) mean what they say; the CUDA
+    GEMM folds them in. A unit-weight norm is rms_norm with a weight of ones, bit for bit."""
+    torch.manual_seed(0)
+    h, w, r = torch.randn(3, 64, dtype=dtype), torch.randn(48, 64, dtype=dtype), torch.randn(3, 48, dtype=dtype)
+    normed = ops.unit_rms_norm(h, 1e-6)
+    assert torch.equal(normed, ops.rms_norm(h, torch.ones(64, dtype=dtype), 1e-6))
+    assert torch.equal(ops.linear(h, w, norm=1e-6), ops.linear(normed, w))
+    assert torch.equal(ops.linear(h, w, residual=r), r + ops.linear(h, w))
+    assert torch.equal(ops.swiglu(h, w, norm=1e-6), ops.swiglu(normed, w))
+    assert not ops.fuses_norms(h, w) and not ops.folds_norms("cpu", dtype)

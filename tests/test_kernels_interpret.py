@@ -99,6 +99,25 @@ CHECK = textwrap.dedent("""
                 vis = torch.arange(s)[None, :] <= limit[:, None]
                 ref = ops.attention_masked(qq, kk_, vv, vis, d ** -0.5)
                 assert rel(attention.attention_window(qq, kk_, vv, limit, d ** -0.5), ref) <= 10 * tol
+        # A decode step's rows straight from the projection: the split kernel normalises, rotates and writes the
+        # new keys itself. Cases: rows inside one split, across two, a non-causal block, at position 0; stale rows
+        # past them.
+        attention.SPLIT = 64
+        for t, h, kv, d, pos0, window, causal in ((1, 4, 2, 16, 200, 300, True), (3, 8, 2, 16, 62, 300, True),
+                                                  (4, 4, 2, 16, 62, 300, False), (4, 8, 2, 64, 126, 256, True),
+                                                  (1, 4, 2, 16, 0, 300, True)):
+            qkv = torch.randn(t, (h + 2 * kv) * d).to(dt)
+            qf, kf, vf = (a.reshape(t, -1, d) for a in qkv.split([h * d, kv * d, kv * d], -1))
+            wq, wk = (1 + 0.1 * torch.randn(d)).to(dt), (1 + 0.1 * torch.randn(d)).to(dt)
+            cos, sin = ops.rope_tables(d, 10000.0, 512, "cpu")
+            kc, vc = torch.randn(window + 8, kv, d).to(dt), torch.randn(window + 8, kv, d).to(dt)
+            kc_ref, vc_ref = kc.clone(), vc.clone()
+            pos = torch.arange(pos0, pos0 + t)
+            limit = pos if causal else pos[-1:].expand(t)
+            got = attention.attention_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc, vc, pos, window, limit, d ** -0.5)
+            with ops.reference_only():
+                ref = ops.attend_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos, window, limit, d ** -0.5)
+            assert rel(got, ref) <= 10 * tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref), (t, pos0)
     print("ok")
 """)
 

@@ -190,3 +190,21 @@ def test_queued_proposals_change_no_draft(models, kind, draft_len):
     # Eager: every proposal made after the read; static: all but the first of each generation and those
     # near its end (short second turns: never) were queued.
     assert proposals[0] == steps[0] and proposals[1] < steps[1] / 2
+
+
+def test_folded_norm_weights_give_the_same_model(tmp_path):
+    """Folding each layer's norm weights into qkv / gate_up (what a bf16 model on the GPU does at load, so that
+    its products run the norms) leaves the model's logits and captured states as they were, up to rounding."""
+    from dflash_cli.models.decoder import fold_norms
+
+    target_dir = make_qwen3(tmp_path / "t", seed=21, num_hidden_layers=3)
+    plain, folded = Qwen3Model.load(target_dir), Qwen3Model.load(target_dir)
+    ones = torch.ones(folded.cfg.hidden_size)
+    for layer in folded.layers:
+        fold_norms(layer, ones)
+    ids = torch.tensor([3, 17, 5, 99, 42])
+    a = plain.forward(ids, 0, plain.new_cache(16), capture=(1, 3), all_logits=True)
+    b = folded.forward(ids, 0, folded.new_cache(16), capture=(1, 3), all_logits=True)
+    assert torch.allclose(a.logits, b.logits, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(a.hidden, b.hidden, rtol=1e-4, atol=1e-5)
+    assert all(layer.norms_folded for layer in folded.layers) and not plain.layers[0].norms_folded

@@ -62,14 +62,72 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, then=None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, then=None,
+           norm: float | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight^T (+ bias). then: the weight the model reads next (a tensor, or a tuple of row blocks read side
-    by side), whose first rows the CUDA GEMM fetches into L2 after its own (`warm_ranges`); a hint only."""
+    by side), whose first rows the CUDA GEMM fetches into L2 after its own (`warm_ranges`); a hint only.
+    norm (eps): the product of x through an RMSNorm without weight (`unit_rms_norm`; a model folds the norm's
+    weight into `weight`). residual: residual + the product. Where the CUDA GEMM takes the product
+    (`fuses_norms`), both happen inside it."""
     if bias is None and (gemm := fast_gemm(x, weight)) is not None:
         if _cuda_gemm and gemm is _cuda_gemm.skinny_linear:  # the Triton kernel has no warm-up
-            return gemm(x, weight, warm=warm_ranges(then))
-        return gemm(x, weight)
-    return F.linear(x, weight, bias)
+            if _fusable(norm, residual, x, weight):
+                return gemm(x, weight, warm=warm_ranges(then), norm=norm, residual=residual)
+            out = gemm(_normed(x, norm), weight, warm=warm_ranges(then))
+        else:
+            out = gemm(_normed(x, norm), weight)
+    else:
+        out = F.linear(_normed(x, norm), weight, bias)
+    return out if residual is None else residual + out
+
+
+def _normed(x: torch.Tensor, eps: float | None) -> torch.Tensor:
+    return x if eps is None else unit_rms_norm(x, eps)
+
+
+def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm with a weight of ones (the weight folded into the next product): the same values and roundings."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+# The layers' norms and residual adds inside the CUDA GEMM (`linear`'s norm and residual); 0: their own kernels.
+_NORMS_FUSED = os.environ.get("DFLASH_NORMS_FUSED", "1") != "0"
+# Only steps of at least this many rows fuse them (a DFlash verify, 16 rows). H100 graph replays with every step
+# fused (benchmarks/2026-11-23-h100/session8/folded_norms/): verify 16 rows -75 us, 8 rows +50, decode -18.
+_NORMS_FUSED_MIN_ROWS = env_number("DFLASH_NORMS_FUSED_MIN_ROWS", 9, int)
+
+
+def _fusable(norm, residual, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the CUDA GEMM (which takes x and weight) can fold this norm or residual add in."""
+    if not _NORMS_FUSED or (norm is not None and residual is not None):
+        return False
+    return (residual is None or (residual.shape == (x.shape[0], weight.shape[0]) and residual.dtype == x.dtype
+                                 and residual.is_contiguous()))
+
+
+def folds_norms(device, dtype: torch.dtype) -> bool:
+    """Whether a model loaded on this device in this dtype should fold its layers' norm weights into the products
+    after them (models/decoder.fold_norms): where the CUDA GEMM is available, its products then run the norms and
+    the residual adds of a step's few rows inside them (`fuses_norms`). DFLASH_NORMS_FUSED=0: never."""
+    global _cuda_gemm
+    device = torch.device(device)
+    if not (_NORMS_FUSED and _GEMM == "auto" and dtype == torch.bfloat16 and device.type == "cuda"
+            and os.environ.get("DFLASH_KERNELS", "1") != "0" and _kernels is not False):
+        return False
+    if _cuda_gemm is None:
+        from .kernels import cuda_gemm
+
+        _cuda_gemm = cuda_gemm if cuda_gemm.available(device) else False
+    return bool(_cuda_gemm)
+
+
+def fuses_norms(h: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether products of rows like h with weights like `weight` (a layer's) run in the CUDA GEMM with the
+    norm before them and the residual add after them inside (`linear`'s norm and residual): a model then
+    skips the fused add + norm kernels between its products."""
+    return (_NORMS_FUSED and h.shape[0] >= _NORMS_FUSED_MIN_ROWS and _GEMM == "auto" and weight.shape[0] < VOCAB_ROWS
+            and _skinny(h, weight) and _cuda_gemm_for(h, weight) is not None)
 
 
 # Bytes of the next weight warmed into L2 after a product (0: off). H100 graph replays, every product warming the
@@ -146,14 +204,16 @@ def _cuda_gemm_for(x: torch.Tensor, w: torch.Tensor):
 _SWIGLU_FUSED = os.environ.get("DFLASH_SWIGLU_FUSED", "1") != "0"
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None, norm: float | None = None) -> torch.Tensor:
     """An MLP's first half: silu(x @ gate^T) * (x @ up^T) with gate_up = [gate; up] ([2I, H]) -> [T, I].
     Where the CUDA GEMM takes the product, the activation runs in its epilogue (no kernel of its own).
-    then: as in `linear`."""
+    then, norm: as in `linear`."""
     if (_SWIGLU_FUSED and _GEMM == "auto" and gate_up.shape[0] < VOCAB_ROWS and _skinny(x, gate_up)
             and (gemm := _cuda_gemm_for(x, gate_up)) is not None):
-        return gemm.skinny_linear(x, gate_up, swiglu=True, warm=warm_ranges(then))
-    return silu_mul(linear(x, gate_up, then=then))
+        if _fusable(norm, None, x, gate_up):
+            return gemm.skinny_linear(x, gate_up, swiglu=True, warm=warm_ranges(then), norm=norm)
+        return gemm.skinny_linear(_normed(x, norm), gate_up, swiglu=True, warm=warm_ranges(then))
+    return silu_mul(linear(x, gate_up, then=then, norm=norm))
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -221,6 +281,22 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cach
     k_cache.index_copy_(0, positions, k)
     v_cache.index_copy_(0, positions, v)
     return q
+
+
+def attend_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
+                 limit, scale: float) -> torch.Tensor:
+    """qk_norm_rope_write (q, k, v straight from the projection; positions consecutive), then attention_window
+    over the cache's first `window` rows with `limit`. One kernel on the GPU where the rows fit: the attention's
+    split programs normalise and rotate q and the new keys themselves."""
+    if (fast_kernels(q) and q.dtype == q_weight.dtype == k_cache.dtype and k.stride(-1) == 1 and v.stride(-1) == 1
+            and v_cache.is_contiguous() and _rope_kernel_fits(q, cos, sin)):
+        from .kernels import attention as kernel
+
+        if kernel.supports_fresh(q, k_cache, window):
+            return kernel.attention_fresh(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
+                                          window, limit, scale)
+    q = qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions)
+    return attention_window(q, k_cache[:window], v_cache[:window], limit, scale)
 
 
 def k_norm_rope_write_layers(k, v, k_weights, eps: float, cos, sin, k_cache, v_cache, positions) -> None:

@@ -68,11 +68,10 @@ class StaticSpan:
         ops.k_norm_rope_write_layers(k, v, k_norms, eps, *self.tables, self.cache.k, self.cache.v, self.positions)
 
     def attend_fresh(self, layer: int, q, k, v, q_norm, k_norm, eps: float, scale: float) -> torch.Tensor:
-        """q/k straight from the projection: normalise, rotate, write k/v and attend (the norm, RoPE
-        and cache write are one kernel on the GPU)."""
-        q = ops.qk_norm_rope_write(q, k, v, q_norm, k_norm, eps, *self.tables, self.cache.k[layer],
-                                   self.cache.v[layer], self.positions)
-        return self._attend_cache(layer, q, scale)
+        """q/k straight from the projection: normalise, rotate, write k/v and attend (on the GPU the
+        attention kernel does the norm, RoPE and cache write as well)."""
+        return ops.attend_fresh(q, k, v, q_norm, k_norm, eps, *self.tables, self.cache.k[layer],
+                                self.cache.v[layer], self.positions, self.window, self.limit, scale)
 
     def _attend_cache(self, layer: int, q, scale: float) -> torch.Tensor:
         w = self.window

@@ -48,6 +48,7 @@ class DecoderLayer:
     post_norm: torch.Tensor
     q_norm: torch.Tensor
     k_norm: torch.Tensor
+    norms_folded: bool = False  # input_norm / post_norm are ones, their weights inside qkv / gate_up (`fold_norms`)
 
     @classmethod
     def take(cls, t: dict[str, torch.Tensor], prefix: str) -> "DecoderLayer":
@@ -69,6 +70,15 @@ class DecoderLayer:
         )
 
 
+def fold_norms(layer: DecoderLayer, ones: torch.Tensor) -> None:
+    """Multiply the two norms' weights into the columns of the products after them (qkv, gate_up; rounded once)
+    and leave ones in their place: the GPU then runs each norm inside its product (`run_layers`), and every other
+    path normalises with a unit weight, which computes what the folded weights expect."""
+    layer.qkv.mul_(layer.input_norm)
+    layer.gate_up.mul_(layer.post_norm)
+    layer.input_norm, layer.post_norm, layer.norms_folded = ones, ones, True
+
+
 def mlp_rows(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
     """gate_up as the fused SwiGLU product reads it, gate row j beside up row j: the `then` of the product
     before it (ops.linear)."""
@@ -82,11 +92,21 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
     read_after: the weight read after the layers (the GPU warms its first rows into L2)."""
     eps = cfg.rms_norm_eps
     captured = {0: h} if 0 in capture else {}
+    # Each product names the weight read after it (`then`): the GPU warms that weight's first rows into L2.
+    reads_next = [layer.qkv for layer in layers[1:]] + [read_after]
+    if layers[0].norms_folded and ops.fuses_norms(h, layers[0].qkv):
+        # Each norm runs inside the product after it, each residual add inside the product before it.
+        for i, layer in enumerate(layers):
+            attn = self_attention(layer, h, cfg, span, i, scale, norm=eps)
+            h = ops.linear(attn, layer.o, then=mlp_rows(layer), residual=h)
+            act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps)
+            h = ops.linear(act, layer.down, then=reads_next[i], residual=h)
+            if i + 1 in capture:
+                captured[i + 1] = h
+        return h, None if final_norm is None else ops.rms_norm(h, final_norm, eps), captured
     # Each residual add is fused with the norm that follows it (the next layer's, or the final one).
     x = ops.rms_norm(h, layers[0].input_norm, eps)
     norms = [layer.input_norm for layer in layers[1:]] + [final_norm]
-    # Each product names the weight read after it (`then`): the GPU warms that weight's first rows into L2.
-    reads_next = [layer.qkv for layer in layers[1:]] + [read_after]
     for i, layer in enumerate(layers):
         attn = self_attention(layer, x, cfg, span, i, scale)
         h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
@@ -101,24 +121,26 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
 
 
 def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span, index: int,
-                   scale: float) -> torch.Tensor:
-    """x [T, hidden] (normed) -> attention output [T, H*D] before o_proj: project, q/k norm + RoPE,
-    write the span's KV, attend. Spans that can fuse the norm, RoPE and KV write do (`attend_fresh`)."""
+                   scale: float, norm: float | None = None) -> torch.Tensor:
+    """x [T, hidden] (normed, or with `norm` (eps) the residual stream of a layer whose norm weight is folded)
+    -> attention output [T, H*D] before o_proj: project, q/k norm + RoPE, write the span's KV, attend. Spans that
+    can fuse the norm, RoPE and KV write do (`attend_fresh`)."""
     fused = getattr(span, "attend_fresh", None)
     if fused is None:
-        q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin)
+        q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin, norm)
         return span.attend(index, q, k, v, scale)
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o).split([nh * d, nkv * d, nkv * d], dim=-1)
+    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o, norm=norm).split([nh * d, nkv * d, nkv * d],
+                                                                                      dim=-1)
     return fused(index, q.reshape(-1, nh, d), k.reshape(-1, nkv, d), v.reshape(-1, nkv, d), layer.q_norm,
                  layer.k_norm, cfg.rms_norm_eps, scale)
 
 
-def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos, sin):
-    """x: [T, hidden] (already normed) -> q [T, H, D], k, v [T, KV, D]; q/k normed and rotated
-    at the rows' positions (cos/sin [T, D]); one fused kernel for both on the GPU."""
+def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos, sin, norm: float | None = None):
+    """x: [T, hidden] (already normed, or as in `self_attention`) -> q [T, H, D], k, v [T, KV, D]; q/k normed and
+    rotated at the rows' positions (cos/sin [T, D]); one fused kernel for both on the GPU."""
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    qkv = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o)
+    qkv = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o, norm=norm)
     q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
     q, k = ops.qk_norm_rope(q.reshape(-1, nh, d), k.reshape(-1, nkv, d), layer.q_norm, layer.k_norm,
                             cfg.rms_norm_eps, cos, sin)

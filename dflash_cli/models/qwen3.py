@@ -14,7 +14,7 @@ from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, run_layers
+from .decoder import DecoderLayer, fold_norms, layer_shapes, run_layers
 
 
 def checkpoint_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -42,6 +42,10 @@ class Qwen3Model:
         self.embed = tensors.pop("model.embed_tokens.weight")
         self.layers = [DecoderLayer.take(tensors, f"model.layers.{i}.") for i in range(cfg.num_hidden_layers)]
         self.norm = tensors.pop("model.norm.weight")
+        if ops.folds_norms(self.device, dtype):  # the GPU's products then run the layers' norms inside them
+            ones = torch.ones(cfg.hidden_size, dtype=dtype, device=self.device)
+            for layer in self.layers:
+                fold_norms(layer, ones)
         self.lm_head = self.embed if cfg.tie_word_embeddings else tensors.pop("lm_head.weight")
         self.scale = cfg.head_dim**-0.5
         self._rope_len = 0

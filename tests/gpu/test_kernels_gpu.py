@@ -77,6 +77,33 @@ def test_window_attention_matches_reference_bf16(t, window, last, causal):
     assert rel(got, ref) <= 2e-2
 
 
+@pytest.mark.parametrize("t,window,pos0,causal", [
+    (1, 2048, 1023, True), (1, 16384, 8299, True), (4, 2048, 1022, True), (2, 2048, 250, False)])
+def test_fresh_attention_matches_unfused_bf16(t, window, pos0, causal):
+    """The split kernel's own q/k norm, RoPE and cache write (a decode step's few rows) against the RoPE kernel
+    then attention_window, and both against the fp32 reference."""
+    from dflash_cli.engine.kernels import attention
+    from dflash_cli.engine.kernels import elementwise as k
+
+    torch.manual_seed(2)
+    bf, dev = torch.bfloat16, "cuda"
+    qkv = torch.randn(t, 48 * 128, dtype=bf, device=dev)
+    q, kk, v = (a.reshape(t, -1, 128) for a in qkv.split([32 * 128, 8 * 128, 8 * 128], -1))
+    wq, wk = ((1 + 0.1 * torch.randn(128)).to(bf).to(dev) for _ in range(2))
+    cos, sin = (a.to(dev) for a in ops.rope_tables(128, 1e6, window + 64, "cpu"))
+    kc, vc = torch.randn(window + 64, 8, 128, dtype=bf, device=dev), torch.randn(window + 64, 8, 128, dtype=bf, device=dev)
+    kc2, vc2 = kc.clone(), vc.clone()
+    pos = torch.arange(pos0, pos0 + t, device=dev)
+    limit = pos if causal else pos[-1:].expand(t)
+    got = attention.attention_fresh(q, kk, v, wq, wk, 1e-6, cos, sin, kc, vc, pos, window, limit, 128**-0.5)
+    q2 = k.qk_norm_rope_write(q, kk, v, wq, wk, 1e-6, cos, sin, kc2, vc2, pos)
+    unfused = attention.attention_window(q2, kc2[:window], vc2[:window], limit, 128**-0.5)
+    assert torch.equal(vc, vc2) and rel(kc, kc2.cpu()) <= 1e-2 and rel(got, unfused.cpu()) <= 1e-2
+    ref = ops.attention_masked(q2.float().cpu(), kc2[:window].float().cpu(), vc2[:window].float().cpu(),
+                               torch.arange(window)[None, :] <= limit.cpu()[:, None], 128**-0.5)
+    assert rel(got, ref) <= 2e-2
+
+
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 def test_skinny_gemms_match_reference_bf16(m):
     """Both skinny GEMMs (Triton; CUDA from csrc/ where nvcc is present) at Qwen3-4B / drafter shapes."""
@@ -139,6 +166,42 @@ def test_swiglu_epilogue_matches_unfused_bf16(m):
             assert ((fused.float() - unfused.float()).abs() > 1e-2 * unfused.float().abs() + 1e-3).sum() == 0
         ref = ops.silu_mul(x.float() @ w.float().T)
         assert ((ops.swiglu(x, w).float() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 3, 9, 16])
+def test_norm_and_residual_fusions_match_unfused_bf16(m):
+    """The CUDA GEMM with a unit-weight RMSNorm folded in (x is the residual stream) and with the residual add in
+    its epilogue, against the unfused kernels and the fp32 reference, over tile kinds, warps and K splits."""
+    from dflash_cli.engine.kernels import cuda_gemm
+
+    dev = torch.device("cuda")
+    if not cuda_gemm.available(dev):
+        pytest.skip(cuda_gemm.unavailable_reason(dev))
+    torch.manual_seed(4)
+    bf, eps = torch.bfloat16, 1e-6
+    err = lambda y, ref: ((y.float() - ref).norm() / ref.norm()).item()  # noqa: E731
+    for n, k, swiglu in ((6144, 2560, False), (19456, 2560, True), (2560, 4096, False), (64, 256, True)):
+        h = torch.randn(m, k, dtype=bf, device=dev) * 3
+        w = torch.randn(n, k, dtype=bf, device=dev) * 0.05
+        ref = ops.unit_rms_norm(h.float(), eps) @ w.float().T
+        ref = ops.silu_mul(ref) if swiglu else ref
+        unfused_x = ops.unit_rms_norm(h, eps)
+        for cfg in (None, (1, 1, 2), (4, 2, 4), (8, 4, 8), (2, 1, 8, "tile16"), (4, 2, 4, "tile16")):
+            if cfg and (not cuda_gemm.fits(n, cfg) or k // 32 < cfg[0] * cfg[1]):
+                continue
+            fused = cuda_gemm.skinny_linear(h, w, cfg, swiglu=swiglu, norm=eps)
+            assert fused.shape == (m, n // 2 if swiglu else n)
+            assert err(fused, ref) <= 1e-2, cfg
+            unfused = cuda_gemm.skinny_linear(unfused_x, w, cfg, swiglu=swiglu)
+            assert err(fused, unfused.float()) <= 1e-2, cfg
+            assert torch.equal(fused, cuda_gemm.skinny_linear(h, w, cfg, swiglu=swiglu, norm=eps))
+            if not swiglu:
+                # The residual add rounds as the unfused product then add: bit-equal.
+                r = torch.randn(m, n, dtype=bf, device=dev)
+                assert torch.equal(cuda_gemm.skinny_linear(h, w, cfg, residual=r), r + cuda_gemm.skinny_linear(h, w, cfg))
+        via_ops = ops.swiglu(h, w, norm=eps) if swiglu else ops.linear(h, w, norm=eps)
+        assert ops.fuses_norms(h, w) == (m >= ops._NORMS_FUSED_MIN_ROWS) and ops.folds_norms(dev, bf)
+        assert err(via_ops, ref) <= 1e-2
 
 
 def test_greedy_kernels_match_torch():

@@ -11,6 +11,8 @@ reading every split's state in vector loads (a loop of dependent loads cost a
 memory latency per split: at context 8192 that merge took longer than the split
 kernel). Where a row has many splits, its head dims are shared out over several
 merge programs, so that each reads all its splits in one load (merge_shape).
+A decode step's q, k and v can come straight from the projection (attention_fresh):
+the split programs then do the q/k norm, RoPE and cache write themselves.
 """
 
 from __future__ import annotations
@@ -59,13 +61,44 @@ MERGE_ELEMS = 2048
 MERGE_DSPLIT = env_power_of_two("DFLASH_MERGE_DSPLIT", 8, 1, 16)  # most merge programs per row; 1: the old merge
 # The merge lets the next kernel (the o projection, whose weights do not depend on it) launch at its start.
 MERGE_TRIGGER = os.environ.get("DFLASH_MERGE_TRIGGER", "1") == "1"
+# A decode step's rows straight from the projection: the split kernel normalises and rotates q and the new keys
+# and writes the cache (attention_fresh), and no RoPE kernel runs. Only for a few query rows per KV head (at most
+# FRESH_ROWS, one tile): a span's 64 rows spilled (255 registers and 880 bytes of stack), where few rows use 146
+# against the plain kernel's 144.
+FRESH = os.environ.get("DFLASH_FRESH_ATTENTION", "1") == "1"
+FRESH_ROWS = 16
+
+
+@triton.jit
+def _norm_rope_rows(base, mask, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constexpr, dt: tl.constexpr):
+    """Head vectors at the row pointers base [R]: RMSNorm by w, then RoPE at the rows' positions pos [R],
+    rounded step by step as elementwise._qk_norm_rope_kernel rounds -> [R, D] in dt."""
+    offs = tl.arange(0, D)
+    pair = (offs + D // 2) % D  # rotate_half's partner of each dim
+    x = tl.load(base[:, None] + offs[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    xp = tl.load(base[:, None] + pair[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+    w = tl.load(w_ptr + offs).to(tl.float32)
+    wp = tl.load(w_ptr + pair).to(tl.float32)
+    y = ((x * r[:, None]).to(dt).to(tl.float32) * w[None, :]).to(dt).to(tl.float32)
+    yp = ((xp * r[:, None]).to(dt).to(tl.float32) * wp[None, :]).to(dt).to(tl.float32)
+    c = tl.load(cos_ptr + pos[:, None] * D + offs[None, :], mask=mask[:, None], other=0.0).to(dt).to(tl.float32)
+    s = tl.load(sin_ptr + pos[:, None] * D + offs[None, :], mask=mask[:, None], other=0.0).to(dt).to(tl.float32)
+    sign = tl.where(offs < D // 2, -1.0, 1.0)  # x * cos + cat(-x2, x1) * sin
+    return ((y * c).to(dt).to(tl.float32) + (sign[None, :] * yp * s).to(dt).to(tl.float32)).to(dt)
 
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_lt, stride_qt, stride_qh,
                   stride_ks, stride_kh, stride_vs, stride_vh, scale,
+                  kn_ptr, vn_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
+                  pos_ptr, eps,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SPLIT: tl.constexpr, PDL: tl.constexpr):
+                  SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+    # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
+    # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
+    # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
+    # attended from registers in a block of their own instead: that needed 255 registers and spilled.
     pdl_start(PDL)
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
@@ -74,8 +107,26 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     head = kvh * G + r % G
     rmask = t < T
     offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=rmask[:, None], other=0.0)
+    dt = k_ptr.dtype.element_ty
+    q_rows = q_ptr + t * stride_qt + head * stride_qh
+    if FRESH:
+        first_new = tl.load(pos_ptr)
+        if (sp + 1) * SPLIT > first_new and sp * SPLIT < first_new + T:
+            # The new keys (and values) of this split into the cache, before this program reads them.
+            j = tl.arange(0, BLOCK_T)
+            pos_j = first_new + j
+            jmask = (j < T) & (pos_j >= sp * SPLIT) & (pos_j < (sp + 1) * SPLIT)
+            kf = _norm_rope_rows(kn_ptr + j * stride_knt + kvh * stride_knh, jmask, kw_ptr, cos_ptr, sin_ptr,
+                                 pos_j, eps, D, dt)
+            vf = tl.load(vn_ptr + j[:, None] * stride_vnt + kvh * stride_vnh + offs_d[None, :],
+                         mask=jmask[:, None], other=0.0)
+            tl.store(k_ptr + pos_j[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], kf, mask=jmask[:, None])
+            tl.store(v_ptr + pos_j[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], vf, mask=jmask[:, None])
+            tl.debug_barrier()  # stored before any thread of this program loads them below
+        q = _norm_rope_rows(q_rows, rmask, qw_ptr, cos_ptr, sin_ptr, tl.load(pos_ptr + t, mask=rmask, other=0),
+                            eps, D, dt)
+    else:
+        q = tl.load(q_rows[:, None] + offs_d[None, :], mask=rmask[:, None], other=0.0)
     lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
     max_lim = tl.max(lim, axis=0)
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
@@ -162,6 +213,24 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
                      scale: float) -> torch.Tensor:
     """q [T, H, D]; k, v [S, KV, D] (the window); limit [T] int64 (any stride: a broadcast one for a
     non-causal block) -> [T, H*D]."""
+    return _attend(q, k, v, limit, scale, None)
+
+
+def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
+    """attention_fresh takes these rows: at most FRESH_ROWS query rows per KV head, over a contiguous cache."""
+    return (FRESH and q.shape[0] * q.shape[1] // k_cache.shape[1] <= FRESH_ROWS and k_cache.is_contiguous()
+            and supports(q, k_cache[:window], k_cache[:window]))
+
+
+def attention_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
+                    limit, scale: float) -> torch.Tensor:
+    """ops.qk_norm_rope_write then attention_window over the cache's first `window` rows, in the split kernel:
+    q, k, v [T, heads, D] straight from the projection, positions [T] consecutive, cos/sin whole tables."""
+    fresh = (k, v, q_weight, k_weight, eps, cos, sin, positions)
+    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh)
+
+
+def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     t, h, d = q.shape
     s, kv, _ = k.shape
     g = h // kv
@@ -175,9 +244,12 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     part_o = torch.empty((kv, nsplit, block_r, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((kv, nsplit, block_r, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
+    kn, vn, qw, kw, eps, cos, sin, pos = fresh if fresh else (k, v, k, k, 0.0, k, k, limit)
     _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0), q.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
-                                G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
+                                kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos, sin, pos,
+                                eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
+                                FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t),
                                 **launch_options(q.device, ATTENTION_PDL), **_split_tuning())
     dsplit, chunk = merge_shape(nsplit, d)
     _merge_kernel[(kv, t * g, dsplit)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,

@@ -26,7 +26,7 @@ from . import pdl
 
 # The source lives in the checkout's csrc/ (the README installs editable); a wheel without it keeps cuBLAS.
 _SOURCE_NAMES = (Path(__file__).resolve().parents[3] / "csrc" / "skinny_gemm.cu",)
-WS_FLOATS = 1 << 21  # split-K partial tiles: splits * 16 * N floats must fit
+WS_FLOATS = 1 << 22  # split-K partial tiles: splits * 32 * N floats must fit (at most 32 per 8 rows of W)
 MAX_TILES = 1 << 15  # split-K arrival counters: one per 8-row tile
 MAX_M = 16
 
@@ -102,7 +102,8 @@ class _Module:
         return self.functions[name]
 
     def launch(self, name: str, grid: tuple[int, int], block: int, smem: int, args: list) -> None:
-        values = [ctypes.c_void_p(a) if isinstance(a, _Ptr) else ctypes.c_int(a) for a in args]
+        values = [ctypes.c_void_p(a) if isinstance(a, _Ptr) else ctypes.c_float(a) if isinstance(a, float)
+                  else ctypes.c_int(a) for a in args]
         params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         if self.pdl:
@@ -183,7 +184,7 @@ def plan(m: int, n: int, k: int) -> tuple:
     if m <= 8 and tiles * warps < 132 * 16 and chunks // (2 * warps) >= 8:
         warps = 8
     while tiles * splits * warps < 132 * 16 and chunks // (splits * 2 * warps) >= 8 \
-            and splits * 2 * 16 * n <= WS_FLOATS:
+            and splits * 2 * 32 * n <= WS_FLOATS:
         splits *= 2
     return warps, splits, 4
 
@@ -198,13 +199,17 @@ def fits(n: int, config: tuple) -> bool:
     warps, splits, unroll, kind = _unpack(config)
     rows = 16 if kind == "tile16" else 8
     return (unroll in (2, 4, 8) and n % rows == 0 and n // rows <= MAX_TILES
-            and (splits == 1 or splits * 16 * n <= WS_FLOATS))
+            and (splits == 1 or splits * 32 * n <= WS_FLOATS))
 
 
-def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
-                  swiglu: bool = False, warm: tuple = ()) -> torch.Tensor:
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, swiglu: bool = False,
+                  warm: tuple = (), norm: float | None = None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T in bf16 with M <= 16 (check `supports` first). With `swiglu`, w is [gate; up] and
     the result silu(x @ gate^T) * (x @ up^T) [M, N/2], the activation applied in the kernel's epilogue.
+    norm (eps): x is a residual stream h and the product is rms_norm(h, eps) @ w^T, an RMSNorm without weight
+    (the caller folds one into w's columns) inside the kernel. residual [M, N]: the result is residual + x @ w^T
+    (not with swiglu).
     warm: up to two (address, bytes) ranges, 16-byte aligned, that the blocks fetch into L2 after their loads."""
     mod = _module(x.device)
     m, k = x.shape
@@ -214,17 +219,25 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
         raise ValueError(f"plan {config} does not fit a [{n}, {k}] weight")
     warps, splits, unroll, kind = _unpack(config)
     out = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
-    suffix = "_swiglu" if swiglu else ""
+    aux, eps, mode = 0, 0.0, ""
+    if norm is not None:
+        eps, mode = float(norm), "_norm"
+    if residual is not None:
+        assert norm is None and not swiglu and residual.shape == out.shape and residual.dtype == x.dtype
+        assert residual.is_contiguous()
+        aux, mode = residual.data_ptr(), "_resid"
+    suffix = mode + ("_swiglu" if swiglu else "")
+    floats = 4 * ((2 if kind == "tile16" and m > 8 else 1) + (norm is not None))  # per lane: sums, squares
     if kind == "tile16":
-        name, grid, smem = f"tile16_t{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 16, splits), warps * 1024
+        name, grid = f"tile16_t{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 16, splits)
     else:
-        name, grid, smem = f"skinny_m{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 8, splits), warps * 512
+        name, grid = f"skinny_m{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 8, splits)
     if len(warm) > 2:
         raise ValueError(f"the kernel warms at most two ranges, got {len(warm)}")
     (a, a_bytes), (b, b_bytes) = (tuple(warm) + ((0, 0), (0, 0)))[:2]
-    mod.launch(name, grid, warps * 32, smem,
+    mod.launch(name, grid, warps * 32, warps * 32 * floats * 4,
                [_Ptr(x.data_ptr()), _Ptr(w.data_ptr()), _Ptr(out.data_ptr()), _Ptr(mod.ws.data_ptr()),
-                _Ptr(mod.counters.data_ptr()), m, n, k, _Ptr(a), a_bytes, _Ptr(b), b_bytes])
+                _Ptr(mod.counters.data_ptr()), m, n, k, _Ptr(a), a_bytes, _Ptr(b), b_bytes, _Ptr(aux), eps])
     return out
 
 
