@@ -268,13 +268,17 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
     return apply_rope(rms_norm(q, q_weight, eps), cos, sin), apply_rope(rms_norm(k, k_weight, eps), cos, sin)
 
 
+def _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache) -> bool:
+    """Whether a GPU kernel can norm, rotate and store these rows: one dtype, unit-stride heads, contiguous caches."""
+    return (q.dtype == q_weight.dtype == k_cache.dtype and k.stride(-1) == 1 and v.stride(-1) == 1
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and _rope_kernel_fits(q, cos, sin))
+
+
 def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions):
     """qk_norm_rope at `positions` (device int64 [T]; cos/sin are the whole tables [max_positions, D]), then
     k and v stored in one layer's cache [max_len, KV, D] at them; returns q. One kernel on the GPU instead of
     five (two table gathers, the norm + RoPE, two cache writes)."""
-    if ((kk := fast_kernels(q)) and q.dtype == q_weight.dtype == k_cache.dtype and k.stride(-1) == 1
-            and v.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and _rope_kernel_fits(q, cos, sin)):
+    if (kk := fast_kernels(q)) and _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache):
         return kk.qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions)
     cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
     q, k = qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
@@ -288,8 +292,7 @@ def attend_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_c
     """qk_norm_rope_write (q, k, v straight from the projection; positions consecutive), then attention_window
     over the cache's first `window` rows with `limit`. One kernel on the GPU where the rows fit: the attention's
     split programs normalise and rotate q and the new keys themselves."""
-    if (fast_kernels(q) and q.dtype == q_weight.dtype == k_cache.dtype and k.stride(-1) == 1 and v.stride(-1) == 1
-            and v_cache.is_contiguous() and _rope_kernel_fits(q, cos, sin)):
+    if fast_kernels(q) and _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache):
         from .kernels import attention as kernel
 
         if kernel.supports_fresh(q, k_cache, window):
@@ -303,9 +306,8 @@ def k_norm_rope_write_layers(k, v, k_weights, eps: float, cos, sin, k_cache, v_c
     """Context rows of several layers at once: each layer's keys RMSNormed (k_weights [L, D]) and rotated at
     `positions` (device int64 [T]; cos/sin whole tables), then keys and values stored at those positions.
     k, v: [T, L, KV, D]; caches [L, max_len, KV, D]. One kernel on the GPU instead of four per layer."""
-    if ((kk := fast_kernels(k)) and k.dtype == k_weights.dtype == k_cache.dtype and k.stride(-1) == 1
-            and v.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and k_weights.is_contiguous() and _rope_kernel_fits(k, cos, sin)):
+    if ((kk := fast_kernels(k)) and _rope_write_fits(k, k, v, k_weights, cos, sin, k_cache, v_cache)
+            and k_weights.is_contiguous()):
         return kk.k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, positions)
     cos, sin = cos.index_select(0, positions), sin.index_select(0, positions)
     for i in range(k.shape[1]):
