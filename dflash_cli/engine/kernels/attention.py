@@ -12,7 +12,9 @@ memory latency per split: at context 8192 that merge took longer than the split
 kernel). Where a row has many splits, its head dims are shared out over several
 merge programs, so that each reads all its splits in one load (merge_shape).
 A decode step's q, k and v can come straight from the projection (attention_fresh):
-the split programs then do the q/k norm, RoPE and cache write themselves.
+the split programs then do the q/k norm, RoPE and cache write themselves. In a
+decode step over a window of up to 4096 keys, the split and the merge let the
+kernels after them launch early (DECODE_CHAIN).
 """
 
 from __future__ import annotations
@@ -67,6 +69,15 @@ MERGE_TRIGGER = os.environ.get("DFLASH_MERGE_TRIGGER", "1") == "1"
 # against the plain kernel's 144.
 FRESH = os.environ.get("DFLASH_FRESH_ATTENTION", "1") == "1"
 FRESH_ROWS = 16
+# A decode step's split lets the merge launch at its start, and the merge (PDL-launched) lets the o projection
+# launch at its own: the merge's and the product's blocks are then resident while the split runs, the product's
+# first weight loads in flight. Only where each split program reads one block of keys (split = BLOCK_S: windows up
+# to 4096 keys): with longer splits the step got much slower, for a reason not found (the split's shared memory
+# and registers are the same). H100 graph replays, two rounds each (benchmarks/2026-11-23-h100/session10/), ms:
+# decode at ctx 512 3.272 -> 3.257, ctx 1024 3.285 -> 3.260, ctx 2048 3.388 -> 3.345; with 128- and 256-key
+# splits it would be ctx 4096 3.506 -> 4.284, ctx 8192 3.748 -> 4.494, ctx 16384 4.330 -> 5.101.
+# DFLASH_DECODE_CHAIN=0 turns it off.
+DECODE_CHAIN = os.environ.get("DFLASH_DECODE_CHAIN", "1") == "1"
 
 
 @triton.jit
@@ -245,15 +256,16 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     part_ml = torch.empty((kv, nsplit, block_r, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     kn, vn, qw, kw, eps, cos, sin, pos = fresh if fresh else (k, v, k, k, 0.0, k, k, limit)
+    chain = few and DECODE_CHAIN and split == BLOCK_S
     _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0), q.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                                 kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos, sin, pos,
                                 eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                                 FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t),
-                                **launch_options(q.device, ATTENTION_PDL), **_split_tuning())
+                                **launch_options(q.device, ATTENTION_PDL, trigger=chain), **_split_tuning())
     dsplit, chunk = merge_shape(nsplit, d)
     _merge_kernel[(kv, t * g, dsplit)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
                                        BLOCK_R=block_r, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
                                        num_warps=MERGE_WARPS,
-                                       **launch_options(q.device, ATTENTION_PDL, trigger=MERGE_TRIGGER))
+                                       **launch_options(q.device, ATTENTION_PDL or chain, trigger=MERGE_TRIGGER))
     return out
