@@ -56,10 +56,7 @@ def reference_only():
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if (k := fast_kernels(x)) and x.dtype == weight.dtype:
         return k.rms_norm(x, weight, eps)
-    # Normalise in float32 like the reference implementations, then scale in x's dtype.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return weight * unit_rms_norm(x, eps)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, then=None,
@@ -86,7 +83,8 @@ def _normed(x: torch.Tensor, eps: float | None) -> torch.Tensor:
 
 
 def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms_norm with a weight of ones (the weight folded into the next product): the same values and roundings."""
+    """rms_norm with a weight of ones (the weight folded into the next product): the same values and roundings.
+    Normalised in float32 like the reference implementations, then rounded to x's dtype (rms_norm scales that)."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -110,16 +108,11 @@ def folds_norms(device, dtype: torch.dtype) -> bool:
     """Whether a model loaded on this device in this dtype should fold its layers' norm weights into the products
     after them (models/decoder.fold_norms): where the CUDA GEMM is available, its products then run the norms and
     the residual adds of a step's few rows inside them (`fuses_norms`). DFLASH_NORMS_FUSED=0: never."""
-    global _cuda_gemm
     device = torch.device(device)
     if not (_NORMS_FUSED and _GEMM == "auto" and dtype == torch.bfloat16 and device.type == "cuda"
             and os.environ.get("DFLASH_KERNELS", "1") != "0" and _kernels is not False):
         return False
-    if _cuda_gemm is None:
-        from .kernels import cuda_gemm
-
-        _cuda_gemm = cuda_gemm if cuda_gemm.available(device) else False
-    return bool(_cuda_gemm)
+    return bool(_load_cuda_gemm(device))
 
 
 def fuses_norms(h: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -189,16 +182,22 @@ def _skinny(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def _cuda_gemm_for(x: torch.Tensor, w: torch.Tensor):
     """The csrc/ GEMM module when it takes this product (after `_skinny`), else None."""
-    global _cuda_gemm
     if x.shape[0] > _GEMM_MAX_M:
         return None
+    if _cuda_gemm is None and torch.cuda.is_current_stream_capturing():
+        return None  # the first use builds and allocates: never inside a capture
+    gemm = _load_cuda_gemm(x.device)
+    return gemm if gemm and gemm.supports(x, w) else None
+
+
+def _load_cuda_gemm(device: torch.device):
+    """The csrc/ GEMM module, built and loaded on first use; False where it is unavailable."""
+    global _cuda_gemm
     if _cuda_gemm is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None  # the first use builds and allocates: never inside a capture
         from .kernels import cuda_gemm
 
-        _cuda_gemm = cuda_gemm if cuda_gemm.available(x.device) else False
-    return _cuda_gemm if _cuda_gemm and _cuda_gemm.supports(x, w) else None
+        _cuda_gemm = cuda_gemm if cuda_gemm.available(device) else False
+    return _cuda_gemm
 
 
 _SWIGLU_FUSED = os.environ.get("DFLASH_SWIGLU_FUSED", "1") != "0"

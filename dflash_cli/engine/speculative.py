@@ -21,7 +21,6 @@ import torch
 
 from .generation import Step
 from .graphs import upload
-from . import ops
 from .sampling import SamplingParams, accept_sampled, probabilities
 from .session import Session, mark, read_later
 
@@ -142,10 +141,8 @@ class SpeculativeDecoder:
     def accept(self, ids: torch.Tensor, q, out, params: SamplingParams, gen) -> torch.Tensor:
         """The verdict on the verified rows `ids` = [last, drafts...] from the verify's output (logits
         [k+1, V]): long [2 + k] = [accepted drafts, the target's next token, drafts...] on the device."""
-        if out.verdict is not None:
+        if out.verdict is not None:  # greedy: computed with the forward (`Session.forward`'s accept)
             return out.verdict
-        if params.greedy:
-            return ops.greedy_verdict(ids, out.logits)
         n, bonus = accept_sampled(ids[1:], q, probabilities(out.logits, params), gen)
         return torch.cat([n.view(1), bonus.view(1), ids[1:]])
 
