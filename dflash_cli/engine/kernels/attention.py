@@ -13,8 +13,8 @@ kernel). Where a row has many splits, its head dims are shared out over several
 merge programs, so that each reads all its splits in one load (merge_shape).
 A decode step's q, k and v can come straight from the projection (attention_fresh):
 the split programs then do the q/k norm, RoPE and cache write themselves. In a
-decode step the split and the merge let the kernels after them launch early
-(DECODE_CHAIN).
+decode step over a window of up to 4096 keys, the split and the merge let the
+kernels after them launch early (DECODE_CHAIN).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..switches import env_power_of_two
-from .pdl import launch_options, start as pdl_start, trigger as pdl_trigger
+from .pdl import launch_options, start as pdl_start
 
 SPLIT = 256  # most keys per program
 BLOCK_S = 64
@@ -69,14 +69,15 @@ MERGE_TRIGGER = os.environ.get("DFLASH_MERGE_TRIGGER", "1") == "1"
 # against the plain kernel's 144.
 FRESH = os.environ.get("DFLASH_FRESH_ATTENTION", "1") == "1"
 FRESH_ROWS = 16
-# A decode step's split lets the merge launch early, and the merge (PDL-launched) lets the o projection launch at
-# its own start: the merge's and the product's blocks are then resident before the split ends, the product's first
-# weight loads in flight. Where each split program reads one block of keys (split = BLOCK_S: windows of up to 4096
-# keys) it triggers at its start; longer splits trigger once past their loop, since triggering at their start made
-# the step much slower, for a reason not found (the split's shared memory and registers are the same). H100 graph
-# replays (benchmarks/2026-11-23-h100/session10/), decode ms, no chain -> chain: ctx 512 3.272 -> 3.257, ctx 1024
-# 3.285 -> 3.260, ctx 2048 3.388 -> 3.345; longer splits, no chain -> trigger after the loop (trigger at the
-# start): ctx 4096 3.507 -> 3.488 (4.284), ctx 8192 3.753 -> 3.731 (4.494), ctx 16384 4.336 -> 4.316 (5.101).
+# A decode step's split lets the merge launch at its start, and the merge (PDL-launched) lets the o projection
+# launch at its own: the merge's and the product's blocks are then resident while the split runs, the product's
+# first weight loads in flight. Only where each split program reads one block of keys (split = BLOCK_S: windows up
+# to 4096 keys). H100 graph replays (benchmarks/2026-11-23-h100/session10/), decode ms, no chain -> chain: ctx 512
+# 3.272 -> 3.257, ctx 1024 3.285 -> 3.260, ctx 2048 3.388 -> 3.345; bench at ctx 1024 302.3 -> 304.5 tok/s.
+# Longer splits lose either way, for a reason not found: triggering at their start made replays much slower
+# (ctx 8192 3.748 -> 4.494 ms); triggering past their loop made replays a little faster (3.753 -> 3.731) but
+# the bench, whose positions advance, much slower (session11/: ctx 8192 3.75 -> 4.01 ms per token, ctx 4096
+# 3.50 -> 3.91).
 # DFLASH_DECODE_CHAIN=0 turns it off.
 DECODE_CHAIN = os.environ.get("DFLASH_DECODE_CHAIN", "1") == "1"
 
@@ -106,14 +107,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                   kn_ptr, vn_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
                   pos_ptr, eps,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
-                  LATE: tl.constexpr):
+                  SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
     # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
     # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
     # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
     # attended from registers in a block of their own instead: that needed 255 registers and spilled.
-    # LATE: the next kernel may launch once this program is past its loop, not at its start.
-    pdl_start(PDL, not LATE)
+    pdl_start(PDL)
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
@@ -162,7 +161,6 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    pdl_trigger(LATE)
     base = (kvh * NSPLIT + sp) * BLOCK_R
     tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc)
     tl.store(part_ml + (base + r) * 2, m_i)
@@ -260,15 +258,13 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     part_ml = torch.empty((kv, nsplit, block_r, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     kn, vn, qw, kw, eps, cos, sin, pos = fresh if fresh else (k, v, k, k, 0.0, k, k, limit)
-    chain = few and DECODE_CHAIN
-    split_launch = launch_options(q.device, ATTENTION_PDL, trigger=chain)
-    late = chain and split > BLOCK_S and split_launch["PDL"]  # the trigger past the loop
+    chain = few and DECODE_CHAIN and split == BLOCK_S
     _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0), q.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                                 kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos, sin, pos,
                                 eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
-                                FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), LATE=late,
-                                **split_launch, **_split_tuning())
+                                FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t),
+                                **launch_options(q.device, ATTENTION_PDL, trigger=chain), **_split_tuning())
     dsplit, chunk = merge_shape(nsplit, d)
     _merge_kernel[(kv, t * g, dsplit)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
                                        BLOCK_R=block_r, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,

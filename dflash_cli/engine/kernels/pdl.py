@@ -39,17 +39,8 @@ def launch_options(device: torch.device, allowed: bool = True, trigger: bool = F
 
 
 @triton.jit
-def start(PDL: tl.constexpr, TRIGGER: tl.constexpr = True):
-    """First statement of every kernel of the step (see the module's docstring). TRIGGER=False: the kernel lets
-    the next one launch later itself (`trigger`)."""
+def start(PDL: tl.constexpr):
+    """First statement of every kernel of the step (see the module's docstring)."""
     if PDL:
-        if TRIGGER:
-            gdc_launch_dependents()
-        gdc_wait()
-
-
-@triton.jit
-def trigger(ON: tl.constexpr):
-    """Let the next kernel launch from here (a kernel whose start() did not)."""
-    if ON:
         gdc_launch_dependents()
+        gdc_wait()
