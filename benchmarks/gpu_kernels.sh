@@ -13,7 +13,7 @@ timeout 360 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider ${PYTEST
 timeout 180 python benchmarks/step_profile.py
 timeout 120 python benchmarks/graph_timeline.py 2>&1 | grep -v Warn  # each kernel's share of the step in its graph
 # A step between its graphs, op by op (DFlash, plain): what runs outside the graphs and how long the GPU idles.
-MODES=dflash,none timeout 150 python benchmarks/step_timeline.py 2>&1 | grep -v Warn
+MODES=${MODES:-dflash,none} timeout 150 python benchmarks/step_timeline.py 2>&1 | grep -v Warn
 [ -n "$GEMM_TABLE" ] && timeout 120 python benchmarks/gemm_bench.py --ms 1,8,16 --json "$OUT/gemm.json"
 . "$(dirname "$0")/bench_fn.sh"
 # The first bench process of a call measured EAGLE-3 lower than later ones (700-782 vs 770-890 tok/s, same

@@ -18,6 +18,7 @@ import random
 
 import torch
 
+from ..engine import ops
 from ..engine.graphs import upload
 from ..engine.speculative import SpeculativeDecoder
 
@@ -28,6 +29,7 @@ class ForcedAcceptance:
         self.kind = inner.kind
         self.capture = inner.capture
         self.max_draft = inner.max_draft
+        self.prefix_drafts = getattr(inner, "prefix_drafts", False)
         self.sequence = sequence  # prompt + the target's greedy continuation
         self.tau = tau
         self.vocab_size = vocab_size
@@ -90,4 +92,4 @@ class ForcedDecoder(SpeculativeDecoder):
         # Built anew (the real verdict may be a graph's output). Not `verdict[0] = n`: setting an element
         # from a host number copies from pageable memory, which waits for the device.
         count = torch.full((1,), n, dtype=verdict.dtype, device=verdict.device)
-        return torch.cat([count, out.logits[n].argmax().view(1), verdict[2:]])
+        return torch.cat([count, ops.argmax_rows(out.logits[n : n + 1]), verdict[2:]])

@@ -47,7 +47,9 @@ class Proposer(Protocol):
     #   propose_after(hidden, ids, start, accepted, bonus, k, params, gen): absorb every verified row (states
     #     `hidden`, tokens `ids`, from position `start`) and propose k drafts after `bonus` at
     #     start + accepted + 1 (`accepted`, `bonus`: device scalars), without waiting;
-    #   commit(length): the committed length, once the host has read it.
+    #   commit(length): the committed length, once the host has read it;
+    #   prefix_drafts: True where a shorter proposal's drafts are the first of a longer one's (a chain drafted
+    #     token by token): near max_tokens a queued full-length proposal then serves a step that verifies fewer.
 
 
 @dataclass
@@ -72,6 +74,7 @@ class SpeculativeDecoder:
         # DFLASH_QUEUE_AHEAD=0: absorb and propose only after the read (for A/B timing). Greedy tokens are the
         # same; a queued draft may use a larger attention window bucket, so bf16 near-ties among drafts can differ.
         self.queue_ahead = os.environ.get("DFLASH_QUEUE_AHEAD", "1") != "0"
+        self._prefix = getattr(proposer, "prefix_drafts", False)
 
     def _ensure(self, session: Session) -> None:
         if self._max_len != session.max_len or session.length == 0:
@@ -92,9 +95,10 @@ class SpeculativeDecoder:
         # (k = budget, not budget-1, keeps block sizes identical to z-lab's reference loop).
         k = max(0, min(self.draft_len, budget, session.max_len - start - 1))
         queued, self._queued = self._queued, None
-        if queued is not None and (queued.start, queued.k) == (start, k):
+        if queued is not None and queued.start == start and (queued.k == k or queued.k > k and self._prefix):
             # Its draft time includes the absorb; the verify time, any wait for the host before the verify.
-            head, drafts, q, (t0, t1) = queued.head, queued.drafts, queued.q, queued.marks
+            head, drafts, q, (t0, t1) = queued.head, queued.drafts[:k], queued.q, queued.marks
+            q = q[:k] if q is not None else None
         else:
             t0 = mark(dev)
             head = upload([last], dev)
@@ -131,7 +135,11 @@ class SpeculativeDecoder:
                 and self.proposer.queues_ahead(params)):
             return None
         most = start + k + 1  # the committed length if every draft is accepted
-        if min(budget - (k + 1), session.max_len - most - 1) < self.draft_len:
+        if session.max_len - most - 1 < self.draft_len:
+            return None  # the next proposal might not fit the cache
+        # Whatever this step accepts, a next step of draft_len drafts; or, for proposers whose shorter proposals
+        # are prefixes of longer ones, a next step at all (it then takes the first drafts).
+        if budget - (k + 1) < (1 if self._prefix else self.draft_len):
             return None
         t0 = mark(session.device)
         drafts, q = self.proposer.propose_after(hidden, ids, start, n, bonus, self.draft_len, params, gen)

@@ -12,6 +12,7 @@ MAX_CHAIN = 16  # beyond this a chain's later positions are almost never accepte
 
 class Eagle3Proposer:
     kind = "eagle3"
+    prefix_drafts = True  # a chain's first k drafts do not depend on how long it runs
 
     def __init__(self, drafter: Eagle3Drafter):
         self.drafter = drafter
