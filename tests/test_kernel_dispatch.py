@@ -78,6 +78,19 @@ def test_window_attention_kernel_needs_unit_stride_values(monkeypatch):
     assert torch.allclose(got, ops.attention_masked(q, k, strided.contiguous(), vis, 0.125), atol=1e-6)
 
 
+@pytest.mark.parametrize("tokens,heads,kv,fresh", [(1, 32, 8, True), (4, 32, 8, True), (8, 32, 8, True),
+                                                   (9, 32, 8, False), (16, 32, 8, False), (8, 24, 8, False),
+                                                   (5, 24, 8, True)])
+def test_fresh_attention_takes_decode_rows_and_short_spans(tokens, heads, kv, fresh):
+    """The split kernel normalises and rotates q itself for up to 16 query rows per KV head, and for spans of up to
+    32 whose tokens fill 16-row blocks (a group of 3 heads does not); longer spans keep the RoPE kernel."""
+    pytest.importorskip("triton")
+    from dflash_cli.engine.kernels import attention as kernel
+
+    q, cache = torch.randn(tokens, heads, 128), torch.randn(512, kv, 128)
+    assert kernel.supports_fresh(q, cache, 256) == fresh
+
+
 def test_warm_ranges_cover_the_first_rows_of_each_block(monkeypatch):
     """The L2 warm-up after a product: the budget split over the blocks read side by side (gate and up),
     clipped to each block, in whole 16-byte granules; nothing when off or when there is no next weight."""

@@ -99,13 +99,16 @@ CHECK = textwrap.dedent("""
                 vis = torch.arange(s)[None, :] <= limit[:, None]
                 ref = ops.attention_masked(qq, kk_, vv, vis, d ** -0.5)
                 assert rel(attention.attention_window(qq, kk_, vv, limit, d ** -0.5), ref) <= 10 * tol
-        # A decode step's rows straight from the projection: the split kernel normalises, rotates and writes the
-        # new keys itself. Cases: rows inside one split, across two, a non-causal block, at position 0; stale rows
-        # past them.
+        # A step's rows straight from the projection: the split kernel normalises, rotates and writes the new keys
+        # itself. Cases: rows inside one split, across two, a non-causal block, at position 0, spans of more rows
+        # than one program holds; stale rows past them.
         attention.SPLIT = 64
         for t, h, kv, d, pos0, window, causal in ((1, 4, 2, 16, 200, 300, True), (3, 8, 2, 16, 62, 300, True),
                                                   (4, 4, 2, 16, 62, 300, False), (4, 8, 2, 64, 126, 256, True),
-                                                  (1, 4, 2, 16, 0, 300, True)):
+                                                  (1, 4, 2, 16, 0, 300, True),
+                                                  # spans: their rows over programs of 16 (2 or 4 row blocks)
+                                                  (16, 8, 2, 16, 100, 300, True), (8, 8, 2, 16, 58, 300, True),
+                                                  (16, 8, 2, 16, 120, 300, False), (10, 4, 2, 16, 30, 300, True)):
             qkv = torch.randn(t, (h + 2 * kv) * d).to(dt)
             qf, kf, vf = (a.reshape(t, -1, d) for a in qkv.split([h * d, kv * d, kv * d], -1))
             wq, wk = (1 + 0.1 * torch.randn(d)).to(dt), (1 + 0.1 * torch.randn(d)).to(dt)

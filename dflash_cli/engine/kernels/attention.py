@@ -69,6 +69,13 @@ MERGE_TRIGGER = os.environ.get("DFLASH_MERGE_TRIGGER", "1") == "1"
 # against the plain kernel's 144.
 FRESH = os.environ.get("DFLASH_FRESH_ATTENTION", "1") == "1"
 FRESH_ROWS = 16
+# Spans of up to FRESH_SPAN_ROWS query rows per KV head (EAGLE-3's 8-row verify) take the fresh path too, their rows
+# shared out FRESH_ROWS per program (a third grid axis), so no RoPE kernel runs before their attention. H100 graph
+# replays, two rounds (benchmarks/2026-11-23-h100/session11/fresh_spans/), ms, RoPE kernel -> fresh: verify 8 rows
+# 3.497/3.494 -> 3.468/3.459; with 64 rows (4 blocks) verify 16 rows 3.564/3.561 -> 3.699/3.687 and the DFlash
+# draft 0.748/0.745 -> 0.752/0.750, so those keep the RoPE kernel. DFLASH_FRESH_SPANS=0: every span keeps it.
+FRESH_SPANS = os.environ.get("DFLASH_FRESH_SPANS", "1") == "1"
+FRESH_SPAN_ROWS = 32
 # A decode step's split lets the merge launch at its start, and the merge (PDL-launched) lets the o projection
 # launch at its own: the merge's and the product's blocks are then resident while the split runs, the product's
 # first weight loads in flight. Only where each split program reads one block of keys (split = BLOCK_S: windows up
@@ -107,15 +114,18 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                   kn_ptr, vn_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
                   pos_ptr, eps,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+                  SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+                  ROWS: tl.constexpr):
     # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
     # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
     # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
     # attended from registers in a block of their own instead: that needed 255 registers and spilled.
+    # A group's ROWS query rows (t * G + head in the group) are shared out in blocks of BLOCK_R over
+    # program_id(2): a fresh span's programs then hold few rows (64 spilled), each block its own programs.
     pdl_start(PDL)
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
-    r = tl.arange(0, BLOCK_R)
+    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     t = r // G
     head = kvh * G + r % G
     rmask = t < T
@@ -161,7 +171,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    base = (kvh * NSPLIT + sp) * BLOCK_R
+    base = (kvh * NSPLIT + sp) * ROWS
     tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc)
     tl.store(part_ml + (base + r) * 2, m_i)
     tl.store(part_ml + (base + r) * 2 + 1, l_i)
@@ -230,8 +240,12 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
 
 
 def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
-    """attention_fresh takes these rows: at most FRESH_ROWS query rows per KV head, over a contiguous cache."""
-    return (FRESH and q.shape[0] * q.shape[1] // k_cache.shape[1] <= FRESH_ROWS and k_cache.is_contiguous()
+    """attention_fresh takes these rows: at most FRESH_ROWS query rows per KV head, or up to FRESH_SPAN_ROWS where
+    a block of FRESH_ROWS holds whole tokens (FRESH_SPANS), over a contiguous cache."""
+    g = q.shape[1] // k_cache.shape[1]
+    rows = q.shape[0] * g
+    span = FRESH_SPANS and rows <= FRESH_SPAN_ROWS and FRESH_ROWS % g == 0
+    return (FRESH and (rows <= FRESH_ROWS or span) and k_cache.is_contiguous()
             and supports(q, k_cache[:window], k_cache[:window]))
 
 
@@ -248,26 +262,31 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     s, kv, _ = k.shape
     g = h // kv
     block_r = max(16, triton.next_power_of_2(t * g))
+    blocks = 1  # row blocks (grid axis 2): a fresh span's rows, FRESH_ROWS per program
+    if fresh is not None and block_r > FRESH_ROWS:
+        block_r, blocks = FRESH_ROWS, triton.cdiv(t * g, FRESH_ROWS)
     # A few query rows: about PROGRAMS programs over the window (it alone must fill the GPU), splits of at least
-    # BLOCK_S keys. Spans: about SPAN_PROGRAMS, splits of at least SPAN_MIN_SPLIT keys. Both at most SPLIT.
+    # BLOCK_S keys; counted with their row blocks. Spans: about SPAN_PROGRAMS, splits of at least SPAN_MIN_SPLIT
+    # keys. Both at most SPLIT.
     few = block_r <= 16
     least, programs = (BLOCK_S, PROGRAMS) if few else (SPAN_MIN_SPLIT, SPAN_PROGRAMS)
-    split = min(SPLIT, max(least, triton.next_power_of_2(triton.cdiv(s * kv, programs))))
+    split = min(SPLIT, max(least, triton.next_power_of_2(triton.cdiv(s * kv * blocks, programs))))
     nsplit = triton.cdiv(s, split)
-    part_o = torch.empty((kv, nsplit, block_r, d), dtype=torch.float32, device=q.device)
-    part_ml = torch.empty((kv, nsplit, block_r, 2), dtype=torch.float32, device=q.device)
+    rows = block_r * blocks
+    part_o = torch.empty((kv, nsplit, rows, d), dtype=torch.float32, device=q.device)
+    part_ml = torch.empty((kv, nsplit, rows, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     kn, vn, qw, kw, eps, cos, sin, pos = fresh if fresh else (k, v, k, k, 0.0, k, k, limit)
-    chain = few and DECODE_CHAIN and split == BLOCK_S
-    _split_kernel[(kv, nsplit)](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0), q.stride(1),
+    chain = few and blocks == 1 and DECODE_CHAIN and split == BLOCK_S
+    _split_kernel[(kv, nsplit, blocks)](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0), q.stride(1),
                                 k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                                 kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos, sin, pos,
                                 eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
-                                FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t),
+                                FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows,
                                 **launch_options(q.device, ATTENTION_PDL, trigger=chain), **_split_tuning())
     dsplit, chunk = merge_shape(nsplit, d)
     _merge_kernel[(kv, t * g, dsplit)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
-                                       BLOCK_R=block_r, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
+                                       BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
                                        num_warps=MERGE_WARPS,
                                        **launch_options(q.device, ATTENTION_PDL or chain, trigger=MERGE_TRIGGER))
     return out
