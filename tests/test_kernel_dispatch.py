@@ -83,12 +83,14 @@ def test_window_attention_kernel_needs_unit_stride_values(monkeypatch):
                                                    (5, 24, 8, True)])
 def test_fresh_attention_takes_decode_rows_and_short_spans(tokens, heads, kv, fresh):
     """The split kernel normalises and rotates q itself for up to 16 query rows per KV head, and for spans of up to
-    32 whose tokens fill 16-row blocks (a group of 3 heads does not); longer spans keep the RoPE kernel."""
+    32 whose tokens fill 16-row blocks (a group of 3 heads does not) over windows of up to 2048 keys; longer spans
+    and longer windows keep the RoPE kernel."""
     pytest.importorskip("triton")
     from dflash_cli.engine.kernels import attention as kernel
 
-    q, cache = torch.randn(tokens, heads, 128), torch.randn(512, kv, 128)
-    assert kernel.supports_fresh(q, cache, 256) == fresh
+    q, cache = torch.randn(tokens, heads, 128), torch.randn(8192, kv, 128)
+    assert kernel.supports_fresh(q, cache, 2048) == fresh
+    assert kernel.supports_fresh(q, cache, 4096) == (fresh and tokens * heads // kv <= 16)  # long windows: spans not
 
 
 def test_warm_ranges_cover_the_first_rows_of_each_block(monkeypatch):

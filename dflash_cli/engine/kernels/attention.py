@@ -73,9 +73,12 @@ FRESH_ROWS = 16
 # shared out FRESH_ROWS per program (a third grid axis), so no RoPE kernel runs before their attention. H100 graph
 # replays, two rounds (benchmarks/2026-11-23-h100/session11/fresh_spans/), ms, RoPE kernel -> fresh: verify 8 rows
 # 3.497/3.494 -> 3.468/3.459; with 64 rows (4 blocks) verify 16 rows 3.564/3.561 -> 3.699/3.687 and the DFlash
-# draft 0.748/0.745 -> 0.752/0.750, so those keep the RoPE kernel. DFLASH_FRESH_SPANS=0: every span keeps it.
+# draft 0.748/0.745 -> 0.752/0.750, so those keep the RoPE kernel. Each row block reads the split's keys again: at
+# ctx 8192 the EAGLE-3 bench fell from 1020 to 976 tok/s (verify 4.03 -> 4.27 ms, session11/final/), so only
+# windows of up to FRESH_SPAN_WINDOW keys. DFLASH_FRESH_SPANS=0: every span keeps the RoPE kernel.
 FRESH_SPANS = os.environ.get("DFLASH_FRESH_SPANS", "1") == "1"
 FRESH_SPAN_ROWS = 32
+FRESH_SPAN_WINDOW = 2048
 # A decode step's split lets the merge launch at its start, and the merge (PDL-launched) lets the o projection
 # launch at its own: the merge's and the product's blocks are then resident while the split runs, the product's
 # first weight loads in flight. Only where each split program reads one block of keys (split = BLOCK_S: windows up
@@ -241,10 +244,10 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
 
 def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
     """attention_fresh takes these rows: at most FRESH_ROWS query rows per KV head, or up to FRESH_SPAN_ROWS where
-    a block of FRESH_ROWS holds whole tokens (FRESH_SPANS), over a contiguous cache."""
+    a block of FRESH_ROWS holds whole tokens and the window is short (FRESH_SPANS), over a contiguous cache."""
     g = q.shape[1] // k_cache.shape[1]
     rows = q.shape[0] * g
-    span = FRESH_SPANS and rows <= FRESH_SPAN_ROWS and FRESH_ROWS % g == 0
+    span = FRESH_SPANS and rows <= FRESH_SPAN_ROWS and FRESH_ROWS % g == 0 and window <= FRESH_SPAN_WINDOW
     return (FRESH and (rows <= FRESH_ROWS or span) and k_cache.is_contiguous()
             and supports(q, k_cache[:window], k_cache[:window]))
 
