@@ -112,15 +112,12 @@ class Graphs:
         key = (n, window_for(end or start + n, self.max_len), *extra)
         step = self.steps.get(key)
         on_host = not torch.is_tensor(ids)
-        if step is not None and not on_host and positions is None and KERNEL_STAGING and self.use_graphs:
-            # Device ids at consecutive positions (a decode step after its predecessor, a verify span): two kernels.
-            stage(step.ids, ids)
-            stage_positions(step.positions, start)
-            step.graph.replay()
-            return step.out
+        # Device ids at consecutive positions on a built step (a decode step after its predecessor, a verify
+        # span): a kernel writes the positions, nothing comes from the host (src None).
+        src = None
         if torch.is_tensor(positions):  # on the device, as ids then are: nothing to stage from the host
             src = positions
-        else:
+        elif on_host or step is None or not KERNEL_STAGING:
             pos = list(range(start, start + n)) if positions is None else list(positions)
             # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
             src = host_ids((list(ids) if on_host else []) + pos, self.device)
@@ -130,7 +127,10 @@ class Graphs:
             step.inputs.copy_(src, non_blocking=True)
         else:
             stage(step.ids, src[:n] if on_host else ids)
-            stage(step.positions, src[n:] if on_host else src)
+            if src is None:
+                stage_positions(step.positions, start)
+            else:
+                stage(step.positions, src[n:] if on_host else src)
         if step.graph is not None:
             step.graph.replay()
         else:

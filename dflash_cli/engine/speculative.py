@@ -97,8 +97,8 @@ class SpeculativeDecoder:
         queued, self._queued = self._queued, None
         if queued is not None and queued.start == start and (queued.k == k or queued.k > k and self._prefix):
             # Its draft time includes the absorb; the verify time, any wait for the host before the verify.
-            head, drafts, q, (t0, t1) = queued.head, queued.drafts[:k], queued.q, queued.marks
-            q = q[:k] if q is not None else None
+            head, drafts, (t0, t1) = queued.head, queued.drafts[:k], queued.marks
+            q = queued.q[:k] if queued.q is not None else None
         else:
             t0 = mark(dev)
             head = upload([last], dev)
