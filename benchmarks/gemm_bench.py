@@ -24,6 +24,11 @@ SHAPES = {  # name: (N, K)
     "lm_head": (151936, 2560), "dflash_fc": (2560, 12800), "dflash_ctx_kv": (10240, 2560),
     "eagle_qkv": (6144, 5120),
 }
+# GEMM_SHAPES="name=N,K ..." times those shapes instead (e.g. one weight at several heights: how the tiles share
+# out over the SMs shows as time that does not grow with N).
+if os.environ.get("GEMM_SHAPES"):
+    SHAPES = {name: tuple(int(v) for v in nk.split(",")) for name, nk in
+              (item.split("=") for item in os.environ["GEMM_SHAPES"].split())}
 
 
 def graph_time(fn, copies: int, reps: int = 5) -> float:

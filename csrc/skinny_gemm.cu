@@ -161,8 +161,8 @@ __device__ __forceinline__ __nv_bfloat162 swiglu2(float g0, float g1, float u0, 
 }
 
 // The residual add as the unfused path rounds it: the product rounded to bf16, then the sum rounded.
-__device__ __forceinline__ __nv_bfloat162 add_resid2(const __nv_bfloat16* res, float a0, float a1) {
-  const float2 r = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(res));
+__device__ __forceinline__ __nv_bfloat162 add_resid2(__nv_bfloat162 res, float a0, float a1) {
+  const float2 r = __bfloat1622float2(res);
   return __floats2bfloat162_rn(r.x + round_bf16(a0), r.y + round_bf16(a1));
 }
 
@@ -221,6 +221,13 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
   }
   pdl_launch_dependents();
   pdl_wait();  // x (and the output buffer) belong to earlier kernels: nothing of them is touched before this
+  // RESID: the residual is loaded now, its latency hidden under the product's instead of added to the epilogue's.
+  const int col = tile * 8 + 2 * t;
+  __nv_bfloat162 res[2];
+  if (RESID) {
+    res[0] = lo_ok ? *reinterpret_cast<const __nv_bfloat162*>(aux + (size_t)g * N + col) : __nv_bfloat162();
+    res[1] = hi_ok ? *reinterpret_cast<const __nv_bfloat162*>(aux + (size_t)(g + 8) * N + col) : __nv_bfloat162();
+  }
   for (; c + U <= c1; c += U) {
     uint4 xl[U], xh[U], nx[U];
 #pragma unroll
@@ -277,7 +284,6 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     const float r0 = norm_scale(all[4], K, eps), r1 = norm_scale(all[5], K, eps);
     all[0] *= r0; all[1] *= r0; all[2] *= r1; all[3] *= r1;
   }
-  const int col = tile * 8 + 2 * t;
   if (SWIGLU) {
     float up[4];
 #pragma unroll
@@ -290,11 +296,9 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     return;
   }
   if (RESID) {
-    if (g < M)
-      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * N + col) = add_resid2(aux + (size_t)g * N + col, all[0], all[1]);
+    if (g < M) *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * N + col) = add_resid2(res[0], all[0], all[1]);
     if (HIGH && g + 8 < M)
-      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * N + col) =
-          add_resid2(aux + (size_t)(g + 8) * N + col, all[2], all[3]);
+      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * N + col) = add_resid2(res[1], all[2], all[3]);
     return;
   }
   if (g < M)
@@ -398,6 +402,20 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
     }
   }
 
+  // Token j's outputs are rows n and n + 8 of the tile: (j, v) in the epilogue is token tok + j (j = 0, 1, 8, 9).
+  // RESID: warp 0 (which stores) loads their residuals here, their latency under the warm-up and the warps' sum
+  // (at the kernel's start they held 14 more registers through the loop: one block per SM instead of two).
+  const int tok = 2 * t, n = tile * 16 + g;
+  const int js[4] = {0, 1, 8, 9};
+  constexpr int J = TOK > 8 ? 4 : 2;
+  __nv_bfloat162 res[J];  // token j's residuals at rows n and n + 8
+  if (RESID && p.warp == 0) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const size_t at = (size_t)(tok + js[j]) * N + n;
+      res[j] = tok + js[j] < M ? __halves2bfloat162(aux[at], aux[at + 8]) : __nv_bfloat162();
+    }
+  }
   warm_l2(warm);
   float all[F];
 #pragma unroll
@@ -409,7 +427,6 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
 #pragma unroll
   for (int i = 0; i < A; ++i) acc[i / 4][i % 4] = all[i];
   // C fragment: [0], [1] are A row g for tokens 2t, 2t + 1; [2], [3] row g + 8 (lo: tokens 0..7, hi: 8..15).
-  const int tok = 2 * t;
   if (NORM) {
     // Lane g * 4 + j holds token g's scale (and g + 8's): tokens 2t and 2t + 1 are at lanes 8t and 8t + 4.
     const float rg = norm_scale(all[A], K, eps), rh = norm_scale(all[A + 1], K, eps);
@@ -421,44 +438,26 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
     }
   }
   if (SWIGLU) {
-    const int half = N >> 1, n = tile * 8 + g;
+    const int half = N >> 1, row = tile * 8 + g;
     const __nv_bfloat162 a = swiglu2(lo[0], lo[1], lo[2], lo[3]);
-    if (tok < M) out[(size_t)tok * half + n] = a.x;
-    if (tok + 1 < M) out[(size_t)(tok + 1) * half + n] = a.y;
+    if (tok < M) out[(size_t)tok * half + row] = a.x;
+    if (tok + 1 < M) out[(size_t)(tok + 1) * half + row] = a.y;
     if (TOK > 8) {
       const __nv_bfloat162 b = swiglu2(hi[0], hi[1], hi[2], hi[3]);
-      if (tok + 8 < M) out[(size_t)(tok + 8) * half + n] = b.x;
-      if (tok + 9 < M) out[(size_t)(tok + 9) * half + n] = b.y;
+      if (tok + 8 < M) out[(size_t)(tok + 8) * half + row] = b.x;
+      if (tok + 9 < M) out[(size_t)(tok + 9) * half + row] = b.y;
     }
     return;
   }
-  const int n = tile * 16 + g;
-  // Token j's outputs are rows n and n + 8 of the tile: (j, v) below is token tok + j (j = 0, 1, 8, 9) and its
-  // values. With RESID every residual value is loaded before any store (one memory latency, not one per pair).
-  const int js[4] = {0, 1, 8, 9};
   const float vals[4][2] = {{lo[0], lo[2]}, {lo[1], lo[3]}, {hi[0], hi[2]}, {hi[1], hi[3]}};
-  constexpr int J = TOK > 8 ? 4 : 2;
-  __nv_bfloat16 res[J][2];
-  if (RESID) {
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const size_t at = (size_t)(tok + js[j]) * N + n;
-      const bool ok = tok + js[j] < M;
-      res[j][0] = ok ? aux[at] : __float2bfloat16_rn(0.f);
-      res[j][1] = ok ? aux[at + 8] : __float2bfloat16_rn(0.f);
-    }
-  }
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     if (tok + js[j] >= M) continue;
     const size_t at = (size_t)(tok + js[j]) * N + n;
-    if (RESID) {
-      out[at] = __float2bfloat16_rn(__bfloat162float(res[j][0]) + round_bf16(vals[j][0]));
-      out[at + 8] = __float2bfloat16_rn(__bfloat162float(res[j][1]) + round_bf16(vals[j][1]));
-    } else {
-      out[at] = __float2bfloat16_rn(vals[j][0]);
-      out[at + 8] = __float2bfloat16_rn(vals[j][1]);
-    }
+    const __nv_bfloat162 o = RESID ? add_resid2(res[j], vals[j][0], vals[j][1])
+                                   : __floats2bfloat162_rn(vals[j][0], vals[j][1]);
+    out[at] = o.x;
+    out[at + 8] = o.y;
   }
 }
 
