@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..switches import env_power_of_two
+from .elementwise import norm_rope
 from .pdl import launch_options, start as pdl_start
 
 SPLIT = 256  # most keys per program
@@ -94,21 +95,16 @@ DECODE_CHAIN = os.environ.get("DFLASH_DECODE_CHAIN", "1") == "1"
 
 @triton.jit
 def _norm_rope_rows(base, mask, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constexpr, dt: tl.constexpr):
-    """Head vectors at the row pointers base [R]: RMSNorm by w, then RoPE at the rows' positions pos [R],
-    rounded step by step as elementwise._qk_norm_rope_kernel rounds -> [R, D] in dt."""
+    """Head vectors at the row pointers base [R]: RMSNorm by w, then RoPE at the rows' positions pos [R]
+    (elementwise.norm_rope) -> [R, D] in dt."""
     offs = tl.arange(0, D)
     pair = (offs + D // 2) % D  # rotate_half's partner of each dim
     x = tl.load(base[:, None] + offs[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
     xp = tl.load(base[:, None] + pair[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    w = tl.load(w_ptr + offs).to(tl.float32)
-    wp = tl.load(w_ptr + pair).to(tl.float32)
-    y = ((x * r[:, None]).to(dt).to(tl.float32) * w[None, :]).to(dt).to(tl.float32)
-    yp = ((xp * r[:, None]).to(dt).to(tl.float32) * wp[None, :]).to(dt).to(tl.float32)
     c = tl.load(cos_ptr + pos[:, None] * D + offs[None, :], mask=mask[:, None], other=0.0).to(dt).to(tl.float32)
     s = tl.load(sin_ptr + pos[:, None] * D + offs[None, :], mask=mask[:, None], other=0.0).to(dt).to(tl.float32)
-    sign = tl.where(offs < D // 2, -1.0, 1.0)  # x * cos + cat(-x2, x1) * sin
-    return ((y * c).to(dt).to(tl.float32) + (sign[None, :] * yp * s).to(dt).to(tl.float32)).to(dt)
+    return norm_rope(x, xp, tl.load(w_ptr + offs).to(tl.float32), tl.load(w_ptr + pair).to(tl.float32), c, s, eps,
+                     D, dt)
 
 
 @triton.jit

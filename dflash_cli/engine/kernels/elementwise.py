@@ -96,10 +96,23 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def norm_rope(x, xp, w, wp, c, s, eps, D: tl.constexpr, dt: tl.constexpr):
+    """RMSNorm by w, then RoPE, of head vectors x [..., D] in float32, rounded step by step as the torch
+    reference (ops.qk_norm_rope) rounds -> [..., D] in dt. xp, wp: x and w at each dim's rotate_half partner
+    ((d + D/2) % D); c, s: the rows' cos and sin, already rounded to dt. The split attention kernel's own norm
+    and RoPE of fresh rows use it too, so both paths write the same keys."""
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=-1, keep_dims=True) / D + eps)
+    y = ((x * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
+    yp = ((xp * r).to(dt).to(tl.float32) * wp).to(dt).to(tl.float32)
+    sign = tl.where(tl.arange(0, D) < D // 2, -1.0, 1.0)  # x * cos + cat(-x2, x1) * sin
+    return ((y * c).to(dt).to(tl.float32) + (sign * yp * s).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_out, k_out, v_out, H, KV,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, eps,
                          stride_kl, stride_vl, stride_wl, stride_ol,
-                         D: tl.constexpr, HALF: tl.constexpr, WRITE: tl.constexpr, PDL: tl.constexpr):
+                         D: tl.constexpr, WRITE: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     # One program per (row, head) over the q heads, then the k heads (RMSNorm then RoPE, rounded as the
     # reference), then with WRITE the v heads. With WRITE, k and v go straight into the cache rows at the
@@ -115,7 +128,8 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
     per_row = H + KV + KV * WRITE
     t, head = pid // per_row, pid % per_row
     dt = q_out.dtype.element_ty
-    offs = tl.arange(0, HALF)
+    offs = tl.arange(0, D)
+    pair = (offs + D // 2) % D  # rotate_half's partner of each dim
     if WRITE:
         row_out = tl.load(pos_ptr + t)
     else:
@@ -126,29 +140,19 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
         src = tl.where(is_q, q_ptr + t * stride_qt + head * stride_qh, k_ptr + t * stride_kt + kh * stride_kh)
         w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
         dst = tl.where(is_q, q_out + (t * H + head) * D, k_out + row_out * stride_ot + kh * D)
-        x1 = tl.load(src + offs).to(tl.float32)
-        x2 = tl.load(src + HALF + offs).to(tl.float32)
-        r = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
-        w1 = tl.load(w_ptr + offs).to(tl.float32)
-        w2 = tl.load(w_ptr + HALF + offs).to(tl.float32)
-        y1 = ((x1 * r).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-        y2 = ((x2 * r).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
         # With WRITE the tables are whole ([max_positions, D]) and read at the row's position: no gather
         # kernel ahead of this one; without, they are the rows' own [T, D].
-        c1 = tl.load(cos_ptr + row_out * D + offs).to(dt).to(tl.float32)
-        c2 = tl.load(cos_ptr + row_out * D + HALF + offs).to(dt).to(tl.float32)
-        s1 = tl.load(sin_ptr + row_out * D + offs).to(dt).to(tl.float32)
-        s2 = tl.load(sin_ptr + row_out * D + HALF + offs).to(dt).to(tl.float32)
-        o1 = (y1 * c1).to(dt).to(tl.float32) + (-y2 * s1).to(dt).to(tl.float32)
-        o2 = (y2 * c2).to(dt).to(tl.float32) + (y1 * s2).to(dt).to(tl.float32)
-        tl.store(dst + offs, o1.to(dt))
-        tl.store(dst + HALF + offs, o2.to(dt))
+        x = tl.load(src + offs).to(tl.float32)
+        xp = tl.load(src + pair).to(tl.float32)
+        c = tl.load(cos_ptr + row_out * D + offs).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + row_out * D + offs).to(dt).to(tl.float32)
+        tl.store(dst + offs, norm_rope(x, xp, tl.load(w_ptr + offs).to(tl.float32),
+                                       tl.load(w_ptr + pair).to(tl.float32), c, s, eps, D, dt))
     else:
         vh = head - H - KV
         src = v_ptr + t * stride_vt + vh * stride_vh
         dst = v_out + row_out * stride_ot + vh * D
         tl.store(dst + offs, tl.load(src + offs))
-        tl.store(dst + HALF + offs, tl.load(src + HALF + offs))
 
 
 def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
@@ -159,7 +163,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
     k_out = torch.empty((t, kv, d), dtype=k.dtype, device=k.device)
     _qk_norm_rope_kernel[(t * (h + kv),)](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
                                           q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
-                                          0, 0, 0, 0, D=d, HALF=d // 2, WRITE=False, **launch_options(q.device))
+                                          0, 0, 0, 0, D=d, WRITE=False, **launch_options(q.device))
     return q_out, k_out
 
 
@@ -174,7 +178,7 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_ca
     _qk_norm_rope_kernel[(t * (h + 2 * kv),)](q, k, v, q_weight, k_weight, cos, sin, positions, q_out, k_cache,
                                               v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                               v.stride(0), v.stride(1), k_cache.stride(0), eps, 0, 0, 0, 0,
-                                              D=d, HALF=d // 2, WRITE=True, **launch_options(q.device))
+                                              D=d, WRITE=True, **launch_options(q.device))
     return q_out
 
 
@@ -188,7 +192,7 @@ def k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, p
     _qk_norm_rope_kernel[(t * 2 * kv, n_layers)](
         k, k, v, k_weights, k_weights, cos, sin, positions, k, k_cache, v_cache, 0, kv, 0, 0, k.stride(0),
         k.stride(2), v.stride(0), v.stride(2), k_cache.stride(1), eps, k.stride(1), v.stride(1), k_weights.stride(0),
-        k_cache.stride(0), D=d, HALF=d // 2, WRITE=True, **launch_options(k.device))
+        k_cache.stride(0), D=d, WRITE=True, **launch_options(k.device))
 
 
 @triton.jit
