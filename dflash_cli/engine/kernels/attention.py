@@ -88,7 +88,8 @@ FRESH_SPAN_WINDOW = 2048
 # Longer splits lose either way, for a reason not found: triggering at their start made replays much slower
 # (ctx 8192 3.748 -> 4.494 ms); triggering past their loop made replays a little faster (3.753 -> 3.731) but
 # the bench, whose positions advance, much slower (session11/: ctx 8192 3.75 -> 4.01 ms per token, ctx 4096
-# 3.50 -> 3.91).
+# 3.50 -> 3.91). Spans given the chain lost too (session12/span_chain/: verify 16 rows 3.55 -> 5.15 ms), and so
+# did launching the decode split itself early to fetch its keys into L2 first (session12/early_kv/: +46 us).
 # DFLASH_DECODE_CHAIN=0 turns it off.
 DECODE_CHAIN = os.environ.get("DFLASH_DECODE_CHAIN", "1") == "1"
 
