@@ -68,13 +68,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (`fuses_norms`), both happen inside it."""
     if bias is None and (gemm := fast_gemm(x, weight)) is not None:
         if _cuda_gemm and gemm is _cuda_gemm.skinny_linear:  # the Triton kernel has no warm-up
-            if _fusable(norm, residual, x, weight):
-                return gemm(x, weight, warm=warm_ranges(then), norm=norm, residual=residual)
-            out = gemm(_normed(x, norm), weight, warm=warm_ranges(then))
-        else:
-            out = gemm(_normed(x, norm), weight)
+            return _on_cuda_gemm(x, weight, then, norm, residual)
+        out = gemm(_normed(x, norm), weight)
     else:
         out = F.linear(_normed(x, norm), weight, bias)
+    return out if residual is None else residual + out
+
+
+def _on_cuda_gemm(x: torch.Tensor, weight: torch.Tensor, then, norm: float | None, residual: torch.Tensor | None = None,
+                  swiglu: bool = False) -> torch.Tensor:
+    """`linear` (or with swiglu, `swiglu`) on the CUDA GEMM: the norm and residual add inside it where it can
+    take them (`_fusable`), else around it."""
+    if _fusable(norm, residual, x, weight):
+        return _cuda_gemm.skinny_linear(x, weight, swiglu=swiglu, warm=warm_ranges(then), norm=norm, residual=residual)
+    out = _cuda_gemm.skinny_linear(_normed(x, norm), weight, swiglu=swiglu, warm=warm_ranges(then))
     return out if residual is None else residual + out
 
 
@@ -208,10 +215,8 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None, norm: float | None
     Where the CUDA GEMM takes the product, the activation runs in its epilogue (no kernel of its own).
     then, norm: as in `linear`."""
     if (_SWIGLU_FUSED and _GEMM == "auto" and gate_up.shape[0] < VOCAB_ROWS and _skinny(x, gate_up)
-            and (gemm := _cuda_gemm_for(x, gate_up)) is not None):
-        if _fusable(norm, None, x, gate_up):
-            return gemm.skinny_linear(x, gate_up, swiglu=True, warm=warm_ranges(then), norm=norm)
-        return gemm.skinny_linear(_normed(x, norm), gate_up, swiglu=True, warm=warm_ranges(then))
+            and _cuda_gemm_for(x, gate_up) is not None):
+        return _on_cuda_gemm(x, gate_up, then, norm, swiglu=True)
     return silu_mul(linear(x, gate_up, then=then, norm=norm))
 
 

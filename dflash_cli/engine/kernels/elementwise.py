@@ -41,33 +41,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_t, stride_h, D: tl.constexpr, HALF: tl.constexpr, PDL: tl.constexpr):
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_t, stride_h, D: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     row = tl.program_id(0)
     t, h = row // H, row % H
-    offs = tl.arange(0, HALF)
+    offs = tl.arange(0, D)
     base = x_ptr + t * stride_t + h * stride_h
     dt = out_ptr.dtype.element_ty
-    x1 = tl.load(base + offs).to(tl.float32)
-    x2 = tl.load(base + HALF + offs).to(tl.float32)
-    c1 = tl.load(cos_ptr + t * D + offs).to(dt).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * D + offs).to(dt).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * D + HALF + offs).to(dt).to(tl.float32)
-    # Reference: x * cos + cat(-x2, x1) * sin, each product rounded to the dtype.
-    o1 = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
-    o2 = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
-    out = out_ptr + row * D
-    tl.store(out + offs, o1.to(dt))
-    tl.store(out + HALF + offs, o2.to(dt))
+    c = tl.load(cos_ptr + t * D + offs).to(dt).to(tl.float32)
+    s = tl.load(sin_ptr + t * D + offs).to(dt).to(tl.float32)
+    y = rope(tl.load(base + offs).to(tl.float32), tl.load(base + (offs + D // 2) % D).to(tl.float32), c, s, D, dt)
+    tl.store(out_ptr + row * D + offs, y)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     t, h, d = x.shape
     assert x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
     out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
-    _rope_kernel[(t * h,)](x, cos, sin, out, h, x.stride(0), x.stride(1), D=d, HALF=d // 2,
-                           **launch_options(x.device))
+    _rope_kernel[(t * h,)](x, cos, sin, out, h, x.stride(0), x.stride(1), D=d, **launch_options(x.device))
     return out
 
 
@@ -104,7 +95,14 @@ def norm_rope(x, xp, w, wp, c, s, eps, D: tl.constexpr, dt: tl.constexpr):
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=-1, keep_dims=True) / D + eps)
     y = ((x * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
     yp = ((xp * r).to(dt).to(tl.float32) * wp).to(dt).to(tl.float32)
-    sign = tl.where(tl.arange(0, D) < D // 2, -1.0, 1.0)  # x * cos + cat(-x2, x1) * sin
+    return rope(y, yp, c, s, D, dt)
+
+
+@triton.jit
+def rope(y, yp, c, s, D: tl.constexpr, dt: tl.constexpr):
+    """RoPE of head vectors y [..., D] in float32 (yp: y at each dim's rotate_half partner), the reference's
+    x * cos + cat(-x2, x1) * sin with each product rounded to dt -> [..., D] in dt."""
+    sign = tl.where(tl.arange(0, D) < D // 2, -1.0, 1.0)
     return ((y * c).to(dt).to(tl.float32) + (sign * yp * s).to(dt).to(tl.float32)).to(dt)
 
 
