@@ -19,6 +19,23 @@ from dflash_cli.synthetic import random_drafter, random_qwen3  # noqa: E402
 CTX = int(os.environ.get("CTX", "1024"))
 
 
+def print_resources():
+    """RESOURCES=1: shared memory, registers and warps of every Triton kernel compiled so far (which kernels can
+    share an SM with a GEMM block, and under which L1/shared split)."""
+    import triton
+
+    from dflash_cli.engine.kernels import attention, elementwise, greedy
+
+    for mod in (attention, elementwise, greedy):
+        for name, fn in vars(mod).items():
+            if not isinstance(fn, triton.runtime.jit.JITFunction):
+                continue
+            for caches in getattr(fn, "device_caches", {}).values():
+                for kernel in caches[0].values():
+                    md = kernel.metadata
+                    print(f"resources {name}: shared {md.shared} B, regs {kernel.n_regs}, warps {md.num_warps}")
+
+
 def replay_ms(fn, reps=50):
     for _ in range(3):
         fn()
@@ -173,6 +190,8 @@ def main():
     drafter.absorb(out.hidden, 0)
     draft = lambda: drafter.draft_logits(5, 15)  # noqa: E731
     print(f"graph replay: DFlash draft {replay_ms(draft):.3f} ms")
+    if os.environ.get("RESOURCES") == "1":
+        print_resources()
     if os.environ.get("REPLAYS_ONLY") == "1":  # A/B runs of a switch: the replays are the figures
         return
     profile(lambda: static([5], CTX, (), False), 5, "decode step (eager static)")
