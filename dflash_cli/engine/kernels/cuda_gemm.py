@@ -77,8 +77,6 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-_PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-_CARVEOUT = env_number("DFLASH_GEMM_CARVEOUT", None, int)  # percent of L1 as shared memory (comparisons)
 
 
 class _Module:
@@ -106,9 +104,6 @@ class _Module:
             # Staged launches take more than the default 48 KB of dynamic shared memory: allow all there is.
             self._check(self.driver.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem_optin),
                         f"shared memory limit of {name}")
-            if _CARVEOUT is not None:
-                self._check(self.driver.cuFuncSetAttribute(fn, _PREFERRED_SHARED_MEMORY_CARVEOUT, _CARVEOUT),
-                            f"carveout of {name}")
             self.functions[name] = fn
         return self.functions[name]
 
