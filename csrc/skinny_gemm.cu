@@ -26,12 +26,36 @@
 
 namespace {
 
+// LOAD_HINT (comparisons, DFLASH_GEMM_NVCC_FLAGS=-DLOAD_HINT=n): 1 asks L2 for the whole 256-byte block of each
+// load, 2 marks W evict-first in L2, 3 both; 0 neither.
+#ifndef LOAD_HINT
+#define LOAD_HINT 0
+#endif
+
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   // W is read once per step: keep it out of L1.
   uint4 v;
+#if LOAD_HINT == 1
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+#elif LOAD_HINT >= 2
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));  // not volatile: hoisted
+#if LOAD_HINT == 3
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+#else
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+#endif
+#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
+#endif
   return v;
 }
 

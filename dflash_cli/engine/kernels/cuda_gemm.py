@@ -53,14 +53,16 @@ def _build(src: Path, arch: str) -> bytes:
     if nvcc is None:
         raise RuntimeError("nvcc not found")
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256(src.read_bytes() + arch.encode() + version.encode()).hexdigest()[:16]
+    flags = os.environ.get("DFLASH_GEMM_NVCC_FLAGS", "").split()  # comparisons: e.g. -DLOAD_HINT=1
+    key = hashlib.sha256(src.read_bytes() + arch.encode() + version.encode() + " ".join(flags).encode())
+    key = key.hexdigest()[:16]
     cache = Path(os.environ.get("DFLASH_KERNEL_CACHE", Path.home() / ".cache" / "dflash" / "kernels"))
     cubin = cache / f"{src.stem}-{arch}-{key}.cubin"
     if not cubin.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / "k.cubin"
-            subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "-o", str(out), str(src)],
+            subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", *flags, "-o", str(out), str(src)],
                            capture_output=True, text=True, check=True)
             os.replace(out, cubin)  # atomic: a concurrent build never leaves half a file
     return cubin.read_bytes()
