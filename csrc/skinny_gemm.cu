@@ -26,36 +26,30 @@
 
 namespace {
 
-// LOAD_HINT (comparisons, DFLASH_GEMM_NVCC_FLAGS=-DLOAD_HINT=n): 1 asks L2 for the whole 256-byte block of each
-// load, 2 marks W evict-first in L2, 3 both; 0 neither.
-#ifndef LOAD_HINT
-#define LOAD_HINT 0
+// WIDE: the load also asks L2 for the rest of its 256-byte block (.L2::256B), which the warp's next loads of the
+// row read. H100 graph replays (benchmarks/2026-11-23-h100/session13/), ms, without -> with it everywhere: decode
+// 3.281 -> 3.252/3.255, verify 8 rows 3.488 -> 3.448, ctx 8192 3.780 -> 3.751/3.760, but verify 16 rows 3.553 ->
+// 3.633 and the DFlash draft 0.749 -> 0.771, whose 16-row tiles read two rows per thread. So 8-row tiles ask for
+// it and 16-row tiles do not (comparisons: DFLASH_GEMM_NVCC_FLAGS=-DWIDE_TILE8=0 or -DWIDE_TILE16=1).
+#ifndef WIDE_TILE8
+#define WIDE_TILE8 1
+#endif
+#ifndef WIDE_TILE16
+#define WIDE_TILE16 0
 #endif
 
+template <bool WIDE>
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   // W is read once per step: keep it out of L1.
   uint4 v;
-#if LOAD_HINT == 1
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-#elif LOAD_HINT >= 2
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));  // not volatile: hoisted
-#if LOAD_HINT == 3
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-#else
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-#endif
-#else
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-#endif
+  if (WIDE)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
   return v;
 }
 
@@ -109,50 +103,6 @@ __device__ __forceinline__ void warm_share(const char* base, int bytes) {
 __device__ __forceinline__ void warm_l2(const Warm& warm) {
   warm_share(warm.a, warm.a_bytes);
   warm_share(warm.b, warm.b_bytes);
-}
-
-// Staging (8-row tiles): before the wait, lane 0 of each warp asks the bulk-copy engine (TMA) for the first `n`
-// chunks of the warp's K range of the tile's 8 rows, into shared memory, and the warp multiplies those from there
-// after the wait; the rest streams through registers as before. The copies hold no registers and are in flight
-// while the kernels before this one finish: the product after attention, whose blocks are resident while the
-// latency-bound attention kernels run (attention.DECODE_CHAIN), can have its whole tile on chip when its wait
-// returns. Row r of a warp's chunks sits at r * stage_row_bytes(stage), `stage` the launch's chunks per warp: a
-// stride of 64 mod 128 bytes, so a quarter warp's 16-byte reads (rows g, g + 1) fall on distinct banks.
-__host__ __device__ constexpr int stage_row_bytes(int n) { return n * 64 + (n % 2 == 0 ? 64 : 0); }
-
-__device__ __forceinline__ uint32_t shared_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Row r (0..7) of tile `tile` of W: with SWIGLU, gate rows 4j..4j+3 then the matching up rows (see skinny_tile).
-template <bool SWIGLU>
-__device__ __forceinline__ int tile_row(int tile, int r, int N) {
-  return SWIGLU ? (r < 4 ? tile * 4 + r : (N >> 1) + tile * 4 + r - 4) : tile * 8 + r;
-}
-
-template <bool SWIGLU>
-__device__ __forceinline__ void stage_start(uint32_t bar, uint32_t dst, int rb, const __nv_bfloat16* w, int tile,
-                                            int N, int K, int c0, int n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(8 * n * 64) : "memory");
-  for (int r = 0; r < 8; ++r) {
-    const __nv_bfloat16* src = w + (size_t)tile_row<SWIGLU>(tile, r, N) * K + (size_t)c0 * 32;
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(dst + r * rb), "l"(src), "r"(n * 64), "r"(bar) : "memory");
-  }
-#endif
-}
-
-__device__ __forceinline__ void stage_wait(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done) : "r"(bar) : "memory");
-  }
-#endif
 }
 
 // A thread's place in a launch: lane, quad row g and column t (the mma fragment coordinates), its tile
@@ -263,49 +213,29 @@ template <bool HIGH, int U, int MODE>
 __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                             __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
                                             int* __restrict__ counters, int M, int N, int K, const Warm& warm,
-                                            const __nv_bfloat16* __restrict__ aux, float eps, int stage) {
+                                            const __nv_bfloat16* __restrict__ aux, float eps) {
   constexpr bool SWIGLU = MODE & SWIGLU_BIT, NORM = MODE & NORM_BIT, RESID = MODE & RESID_BIT;
   constexpr int F = NORM ? 8 : 4;  // per lane: the 4 sums, and with NORM the squares of tokens g, g + 8 (and 2 pad)
-  // Shared memory: the warps' staging barriers (128 bytes), red [NW][32][F], then the staged chunks of W.
-  extern __shared__ __align__(128) unsigned char smem[];
-  float* red = reinterpret_cast<float*>(smem + 128);
+  extern __shared__ float red[];  // [NW][32][F]
   const Place p(K);
   const int g = p.g, t = p.t, tile = p.tile, c1 = p.c1;
 
-  const __nv_bfloat16* wrow = w + (size_t)tile_row<SWIGLU>(tile, g, N) * K + t * 8;
+  const int wr = SWIGLU ? (g < 4 ? tile * 4 + g : (N >> 1) + tile * 4 + g - 4) : tile * 8 + g;
+  const __nv_bfloat16* wrow = w + (size_t)wr * K + t * 8;
   const bool lo_ok = g < M, hi_ok = HIGH && g + 8 < M;
   const __nv_bfloat16* xlo = x + (size_t)(lo_ok ? g : 0) * K + t * 8;
   const __nv_bfloat16* xhi = x + (size_t)(hi_ok ? g + 8 : 0) * K + t * 8;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  // stage: chunks per warp staged in shared memory (0: none), the first of its range.
-  const int staged = max(0, min(stage, c1 - p.c0));
-  const int rb = stage_row_bytes(stage);  // the same layout in every warp (their ranges differ by up to a chunk)
-  const unsigned char* chunks = smem + 128 + p.nw * 32 * F * 4 + (size_t)p.warp * 8 * rb;
-  const uint32_t bar = shared_addr(smem + 8 * p.warp);
-  if (staged > 0 && p.lane == 0) stage_start<SWIGLU>(bar, shared_addr(chunks), rb, w, tile, N, K, p.c0, staged);
-  __syncwarp();
-
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   float ss[2] = {0.f, 0.f};
-  // One 32-wide chunk c of K with W's 16 bytes w1 in hand: x's fragments, their squares (NORM), two mmas.
-  auto chunk = [&](int c, uint4 w1) {
-    const uint4 xl = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + c * 32)) : zero;
-    const uint4 xh = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + c * 32)) : zero;
-    if (NORM) {
-      add_squares(xl, ss[0]);
-      if (HIGH) add_squares(xh, ss[1]);
-    }
-    mma_bf16(acc, xl.x, xh.x, xl.y, xh.y, w1.x, w1.y);
-    mma_bf16(acc, xl.z, xh.z, xl.w, xh.w, w1.z, w1.w);
-  };
-  int c = p.c0 + staged;
+  int c = p.c0;
   // W is double-buffered: the next U chunks are in flight while the current ones are multiplied.
   // (Double-buffering x as well was measured slower: 13.4 vs 10.9 us on o_proj, more registers.)
   uint4 wv[U];
   if (c + U <= c1) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) wv[u] = load_stream(wrow + (size_t)(c + u) * 32);
+    for (int u = 0; u < U; ++u) wv[u] = load_stream<WIDE_TILE8>(wrow + (size_t)(c + u) * 32);
   }
   pdl_launch_dependents();
   pdl_wait();  // x (and the output buffer) belong to earlier kernels: nothing of them is touched before this
@@ -315,12 +245,6 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
   if (RESID) {
     res[0] = lo_ok ? *reinterpret_cast<const __nv_bfloat162*>(aux + (size_t)g * N + col) : __nv_bfloat162();
     res[1] = hi_ok ? *reinterpret_cast<const __nv_bfloat162*>(aux + (size_t)(g + 8) * N + col) : __nv_bfloat162();
-  }
-  if (staged > 0) {  // the staged chunks first: the same order of sums as without staging
-    stage_wait(bar);
-    const unsigned char* mine = chunks + g * rb + t * 16;
-#pragma unroll 4
-    for (int i = 0; i < staged; ++i) chunk(p.c0 + i, *reinterpret_cast<const uint4*>(mine + i * 64));
   }
   for (; c + U <= c1; c += U) {
     uint4 xl[U], xh[U], nx[U];
@@ -332,7 +256,7 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     const bool more = c + 2 * U <= c1;
     if (more) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) nx[u] = load_stream(wrow + (size_t)(c + U + u) * 32);
+      for (int u = 0; u < U; ++u) nx[u] = load_stream<WIDE_TILE8>(wrow + (size_t)(c + U + u) * 32);
     }
     if (NORM) {
 #pragma unroll
@@ -351,7 +275,17 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
       for (int u = 0; u < U; ++u) wv[u] = nx[u];
     }
   }
-  for (; c < c1; ++c) chunk(c, load_stream(wrow + (size_t)c * 32));
+  for (; c < c1; ++c) {
+    uint4 w1 = load_stream<WIDE_TILE8>(wrow + (size_t)c * 32);
+    uint4 xl = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + c * 32)) : zero;
+    uint4 xh = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + c * 32)) : zero;
+    if (NORM) {
+      add_squares(xl, ss[0]);
+      if (HIGH) add_squares(xh, ss[1]);
+    }
+    mma_bf16(acc, xl.x, xh.x, xl.y, xh.y, w1.x, w1.y);
+    mma_bf16(acc, xl.z, xh.z, xl.w, xh.w, w1.z, w1.w);
+  }
 
   warm_l2(warm);
   float all[F];
@@ -402,7 +336,7 @@ template <int TOK, int U, int MODE>
 __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                        __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
                                        int* __restrict__ counters, int M, int N, int K, const Warm& warm,
-                                       const __nv_bfloat16* __restrict__ aux, float eps, int /*stage: 8-row tiles only*/) {
+                                       const __nv_bfloat16* __restrict__ aux, float eps) {
   constexpr bool SWIGLU = MODE & SWIGLU_BIT, NORM = MODE & NORM_BIT, RESID = MODE & RESID_BIT;
   constexpr int A = TOK > 8 ? 8 : 4;  // sums per lane: tokens 0..7, and 8..15 with TOK 16
   constexpr int F = NORM ? A + 4 : A;  // with NORM, the squares of tokens g and g + 8 (and 2 pad)
@@ -422,8 +356,8 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
   if (c + U <= c1) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      wl[u] = load_stream(wlo + (size_t)(c + u) * 32);
-      wh[u] = load_stream(whi + (size_t)(c + u) * 32);
+      wl[u] = load_stream<WIDE_TILE16>(wlo + (size_t)(c + u) * 32);
+      wh[u] = load_stream<WIDE_TILE16>(whi + (size_t)(c + u) * 32);
     }
   }
   pdl_launch_dependents();
@@ -444,8 +378,8 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
     if (more) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        nl[u] = load_stream(wlo + (size_t)(c + U + u) * 32);
-        nh[u] = load_stream(whi + (size_t)(c + U + u) * 32);
+        nl[u] = load_stream<WIDE_TILE16>(wlo + (size_t)(c + U + u) * 32);
+        nh[u] = load_stream<WIDE_TILE16>(whi + (size_t)(c + U + u) * 32);
       }
     }
     if (NORM) {
@@ -473,7 +407,8 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
     }
   }
   for (; c < c1; ++c) {
-    const uint4 a = load_stream(wlo + (size_t)c * 32), a2 = load_stream(whi + (size_t)c * 32);
+    const uint4 a = load_stream<WIDE_TILE16>(wlo + (size_t)c * 32);
+    const uint4 a2 = load_stream<WIDE_TILE16>(whi + (size_t)c * 32);
     const uint4 b = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + c * 32)) : zero;
     if (NORM) add_squares(b, ss[0]);
     mma_bf16(lo, a.x, a2.x, a.y, a2.y, b.x, b.y);
@@ -547,15 +482,12 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
 
 }  // namespace
 
-// Every entry has one signature: aux and eps are read only by the fusions that need them, stage only by 8-row tiles
-// (see skinny_tile).
+// Every entry has one signature: aux and eps are read only by the fusions that need them (see skinny_tile).
 #define GEMM_ENTRY(NAME, BODY, P, U, MODE)                                                                     \
   extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
                                   int* counters, int M, int N, int K, const char* warm_a, int warm_a_bytes,       \
-                                  const char* warm_b, int warm_b_bytes, const __nv_bfloat16* aux, float eps,     \
-                                  int stage) {                                                                    \
-    BODY<P, U, MODE>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}, aux, eps, \
-                     stage);                                                                                      \
+                                  const char* warm_b, int warm_b_bytes, const __nv_bfloat16* aux, float eps) {    \
+    BODY<P, U, MODE>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}, aux, eps); \
   }
 
 #define GEMM_MODES(PREFIX, BODY, P, U)                                       \

@@ -141,17 +141,3 @@ def test_linear_norm_and_residual_are_the_composition_off_the_gpu(dtype):
     assert torch.equal(ops.linear(h, w, residual=r), r + ops.linear(h, w))
     assert torch.equal(ops.swiglu(h, w, norm=1e-6), ops.swiglu(normed, w))
     assert not ops.fuses_norms(h, w) and not ops.folds_norms("cpu", dtype)
-
-
-def test_staged_chunks_fit_their_budget_and_their_range():
-    """The CUDA GEMM's staging: chunks per warp as many as fit the KB budget per block, never past a warp's range,
-    rows 64 mod 128 bytes apart (no shared-memory bank conflicts)."""
-    from dflash_cli.engine.kernels import cuda_gemm
-
-    assert all(cuda_gemm.stage_row_bytes(n) % 128 == 64 for n in range(1, 40))
-    assert cuda_gemm.stage_chunks(4096, 8, 1, 0) == 0
-    assert cuda_gemm.stage_chunks(4096, 8, 1, 1000) == 16  # o at one row: a warp's whole range, 68 KB a block
-    assert 8 * 8 * cuda_gemm.stage_row_bytes(16) == 69632
-    assert cuda_gemm.stage_chunks(4096, 8, 1, 64) == 15
-    assert cuda_gemm.stage_chunks(9728, 8, 1, 1000) == 38  # ceil(304 / 8)
-    assert cuda_gemm.stage_chunks(2560, 4, 2, 16) == 7

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from . import ops
-from .kernels import carveout
 
 MIN_WINDOW = 256
 MAX_ROWS = 32  # longer spans (prefill) run eagerly
@@ -166,7 +165,6 @@ class Graphs:
         with torch.cuda.stream(side):
             self._run(step, key)
         torch.cuda.current_stream(dev).wait_stream(side)
-        carveout.apply()  # comparisons: one L1 / shared split for every kernel the warm-up compiled
         # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a
         # capture, its teardown would invalidate the capture. Collect first, and not during.
         gc.collect()

@@ -60,17 +60,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, then=None,
-           norm: float | None = None, residual: torch.Tensor | None = None,
-           after_attention: bool = False) -> torch.Tensor:
+           norm: float | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight^T (+ bias). then: the weight the model reads next (a tensor, or a tuple of row blocks read side
     by side), whose first rows the CUDA GEMM fetches into L2 after its own (`warm_ranges`); a hint only.
     norm (eps): the product of x through an RMSNorm without weight (`unit_rms_norm`; a model folds the norm's
     weight into `weight`). residual: residual + the product. Where the CUDA GEMM takes the product
-    (`fuses_norms`), both happen inside it. after_attention: x is attention's output, whose kernels leave the
-    memory bus mostly idle; the CUDA GEMM then stages more of the weight while they run (cuda_gemm.STAGE_*)."""
+    (`fuses_norms`), both happen inside it."""
     if bias is None and (gemm := fast_gemm(x, weight)) is not None:
         if _cuda_gemm and gemm is _cuda_gemm.skinny_linear:  # the Triton kernel has no warm-up
-            return _on_cuda_gemm(x, weight, then, norm, residual, after_attention=after_attention)
+            return _on_cuda_gemm(x, weight, then, norm, residual)
         out = gemm(_normed(x, norm), weight)
     else:
         out = F.linear(_normed(x, norm), weight, bias)
@@ -78,14 +76,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _on_cuda_gemm(x: torch.Tensor, weight: torch.Tensor, then, norm: float | None, residual: torch.Tensor | None = None,
-                  swiglu: bool = False, after_attention: bool = False) -> torch.Tensor:
+                  swiglu: bool = False) -> torch.Tensor:
     """`linear` (or with swiglu, `swiglu`) on the CUDA GEMM: the norm and residual add inside it where it can
     take them (`_fusable`), else around it."""
-    stage_kb = _cuda_gemm.STAGE_AFTER_ATTENTION_KB if after_attention else None
     if _fusable(norm, residual, x, weight):
-        return _cuda_gemm.skinny_linear(x, weight, swiglu=swiglu, warm=warm_ranges(then), norm=norm, residual=residual,
-                                        stage_kb=stage_kb)
-    out = _cuda_gemm.skinny_linear(_normed(x, norm), weight, swiglu=swiglu, warm=warm_ranges(then), stage_kb=stage_kb)
+        return _cuda_gemm.skinny_linear(x, weight, swiglu=swiglu, warm=warm_ranges(then), norm=norm, residual=residual)
+    out = _cuda_gemm.skinny_linear(_normed(x, norm), weight, swiglu=swiglu, warm=warm_ranges(then))
     return out if residual is None else residual + out
 
 

@@ -98,7 +98,7 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
         # Each norm runs inside the product after it, each residual add inside the product before it.
         for i, layer in enumerate(layers):
             attn = self_attention(layer, h, cfg, span, i, scale, norm=eps)
-            h = ops.linear(attn, layer.o, then=mlp_rows(layer), residual=h, after_attention=True)
+            h = ops.linear(attn, layer.o, then=mlp_rows(layer), residual=h)
             act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps)
             h = ops.linear(act, layer.down, then=reads_next[i], residual=h)
             if i + 1 in capture:
@@ -109,8 +109,7 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
     norms = [layer.input_norm for layer in layers[1:]] + [final_norm]
     for i, layer in enumerate(layers):
         attn = self_attention(layer, x, cfg, span, i, scale)
-        h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer), after_attention=True),
-                                 layer.post_norm, eps)
+        h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
         mlp = ops.linear(ops.swiglu(x, layer.gate_up, then=layer.down), layer.down, then=reads_next[i])
         if norms[i] is None:
             h, x = h + mlp, None

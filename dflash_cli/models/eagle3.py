@@ -260,7 +260,7 @@ class Eagle3Drafter:
             q, k = ops.rms_norm(q, self.q_norm, c.eps), ops.rms_norm(k, self.k_norm, c.eps)
         q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         attn = span.attend(0, q, k, v.reshape(n, c.kv_heads, c.head_dim), self.scale)
-        h = (normed if c.norm_before_residual else state) + ops.linear(attn, self.o, after_attention=True)
+        h = (normed if c.norm_before_residual else state) + ops.linear(attn, self.o)
         x = ops.rms_norm(h, self.post_norm, c.eps)
         return h + ops.linear(ops.swiglu(x, self.gate_up), self.down)
 

@@ -204,32 +204,6 @@ def test_norm_and_residual_fusions_match_unfused_bf16(m):
         assert err(via_ops, ref) <= 1e-2
 
 
-@pytest.mark.parametrize("m", [1, 3, 9, 16])
-def test_staged_weights_give_the_same_bits(m):
-    """8-row tiles with part or all of each warp's weight chunks copied into shared memory before the wait (TMA):
-    the same sums in the same order as streaming them, so the same bits, in every fusion."""
-    from dflash_cli.engine.kernels import cuda_gemm
-
-    dev = torch.device("cuda")
-    if not cuda_gemm.available(dev):
-        pytest.skip(cuda_gemm.unavailable_reason(dev))
-    torch.manual_seed(5)
-    bf, eps = torch.bfloat16, 1e-6
-    for n, k, swiglu in ((2560, 4096, False), (6144, 2560, False), (19456, 2560, True), (2560, 9728, False),
-                         (64, 256, True)):
-        x = torch.randn(m, k, dtype=bf, device=dev)
-        w = torch.randn(n, k, dtype=bf, device=dev) * 0.05
-        r = torch.randn(m, n // 2 if swiglu else n, dtype=bf, device=dev)
-        for cfg in (None, (8, 1, 4), (4, 2, 4), (1, 1, 2), (2, 8, 8)):
-            if cfg and (not cuda_gemm.fits(n, cfg) or k // 32 < cfg[0] * cfg[1]):
-                continue
-            for fusion in ({}, {"norm": eps}) + (() if swiglu else ({"residual": r},)):
-                base = cuda_gemm.skinny_linear(x, w, cfg, swiglu=swiglu, stage_kb=0, **fusion)
-                for kb in (16, 64, 1000):  # a few chunks per warp, most, all of them (at most the GPU's limit)
-                    got = cuda_gemm.skinny_linear(x, w, cfg, swiglu=swiglu, stage_kb=kb, **fusion)
-                    assert torch.equal(got, base), (n, k, cfg, fusion.keys(), kb)
-
-
 def test_greedy_kernels_match_torch():
     """Argmax rows and the greedy verdict at the vocabulary's size, ties included."""
     from dflash_cli.engine.kernels import greedy

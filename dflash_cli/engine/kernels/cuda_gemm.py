@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from ...errors import DflashError
-from ..switches import env_number
 from . import pdl
 
 # The source lives in the checkout's csrc/ (the README installs editable); a wheel without it keeps cuBLAS.
@@ -53,7 +52,7 @@ def _build(src: Path, arch: str) -> bytes:
     if nvcc is None:
         raise RuntimeError("nvcc not found")
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    flags = os.environ.get("DFLASH_GEMM_NVCC_FLAGS", "").split()  # comparisons: e.g. -DLOAD_HINT=1
+    flags = os.environ.get("DFLASH_GEMM_NVCC_FLAGS", "").split()  # comparisons: e.g. -DWIDE_TILE8=0
     key = hashlib.sha256(src.read_bytes() + arch.encode() + version.encode() + " ".join(flags).encode())
     key = key.hexdigest()[:16]
     cache = Path(os.environ.get("DFLASH_KERNEL_CACHE", Path.home() / ".cache" / "dflash" / "kernels"))
@@ -78,7 +77,6 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 
 
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 class _Module:
@@ -91,7 +89,6 @@ class _Module:
         self.module = ctypes.c_void_p()
         self._check(self.driver.cuModuleLoadData(ctypes.byref(self.module), image), "cuModuleLoadData")
         self.functions: dict[str, ctypes.c_void_p] = {}
-        self.smem_optin = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
         self.ws = torch.empty(WS_FLOATS, dtype=torch.float32, device=device)
         self.counters = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
 
@@ -103,9 +100,6 @@ class _Module:
         if name not in self.functions:
             fn = ctypes.c_void_p()
             self._check(self.driver.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()), name)
-            # Staged launches take more than the default 48 KB of dynamic shared memory: allow all there is.
-            self._check(self.driver.cuFuncSetAttribute(fn, _MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem_optin),
-                        f"shared memory limit of {name}")
             self.functions[name] = fn
         return self.functions[name]
 
@@ -210,37 +204,15 @@ def fits(n: int, config: tuple) -> bool:
             and (splits == 1 or splits * 32 * n <= WS_FLOATS))
 
 
-# Staging (8-row tiles, csrc/skinny_gemm.cu): at most this many KB of a block's weight copied into shared memory
-# before the block waits for its inputs; after attention (`after_attention`), STAGE_AFTER_ATTENTION_KB.
-STAGE_KB = env_number("DFLASH_GEMM_STAGE_KB", 0.0, float)
-STAGE_AFTER_ATTENTION_KB = env_number("DFLASH_GEMM_STAGE_ATTN_KB", STAGE_KB, float)
-
-
-def stage_row_bytes(n: int) -> int:
-    """Bytes between a warp's staged rows of W (the kernel's stage_row_bytes): 64 mod 128, no bank conflicts."""
-    return n * 64 + (64 if n % 2 == 0 else 0)
-
-
-def stage_chunks(k: int, warps: int, splits: int, kb: float) -> int:
-    """Chunks (32 k) per warp to stage: as many as fit `kb` KB per block, at most a warp's whole range."""
-    most = -(-(k // 32) // (warps * splits))
-    n = most
-    while n > 0 and warps * 8 * stage_row_bytes(n) > kb * 1024:
-        n -= 1
-    return n
-
-
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, swiglu: bool = False,
-                  warm: tuple = (), norm: float | None = None, residual: torch.Tensor | None = None,
-                  stage_kb: float | None = None) -> torch.Tensor:
+                  warm: tuple = (), norm: float | None = None,
+                  residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T in bf16 with M <= 16 (check `supports` first). With `swiglu`, w is [gate; up] and
     the result silu(x @ gate^T) * (x @ up^T) [M, N/2], the activation applied in the kernel's epilogue.
     norm (eps): x is a residual stream h and the product is rms_norm(h, eps) @ w^T, an RMSNorm without weight
     (the caller folds one into w's columns) inside the kernel. residual [M, N]: the result is residual + x @ w^T
     (not with swiglu).
-    warm: up to two (address, bytes) ranges, 16-byte aligned, that the blocks fetch into L2 after their loads.
-    stage_kb: KB of each block's weight copied into shared memory before its wait (8-row tiles; default
-    STAGE_KB). The same values whatever it is."""
+    warm: up to two (address, bytes) ranges, 16-byte aligned, that the blocks fetch into L2 after their loads."""
     mod = _module(x.device)
     m, k = x.shape
     n = w.shape[0]
@@ -258,20 +230,16 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
         aux, mode = residual.data_ptr(), "_resid"
     suffix = mode + ("_swiglu" if swiglu else "")
     floats = 4 * ((2 if kind == "tile16" and m > 8 else 1) + (norm is not None))  # per lane: sums, squares
-    smem, stage = warps * 32 * floats * 4, 0
     if kind == "tile16":
         name, grid = f"tile16_t{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 16, splits)
     else:
         name, grid = f"skinny_m{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 8, splits)
-        most_kb = (mod.smem_optin - 128 - smem) / 1024
-        stage = stage_chunks(k, warps, splits, min(most_kb, STAGE_KB if stage_kb is None else stage_kb))
-        smem += 128 + (warps * 8 * stage_row_bytes(stage) if stage else 0)  # barriers, then the staged rows
     if len(warm) > 2:
         raise ValueError(f"the kernel warms at most two ranges, got {len(warm)}")
     (a, a_bytes), (b, b_bytes) = (tuple(warm) + ((0, 0), (0, 0)))[:2]
-    mod.launch(name, grid, warps * 32, smem,
+    mod.launch(name, grid, warps * 32, warps * 32 * floats * 4,
                [_Ptr(x.data_ptr()), _Ptr(w.data_ptr()), _Ptr(out.data_ptr()), _Ptr(mod.ws.data_ptr()),
-                _Ptr(mod.counters.data_ptr()), m, n, k, _Ptr(a), a_bytes, _Ptr(b), b_bytes, _Ptr(aux), eps, stage])
+                _Ptr(mod.counters.data_ptr()), m, n, k, _Ptr(a), a_bytes, _Ptr(b), b_bytes, _Ptr(aux), eps])
     return out
 
 
