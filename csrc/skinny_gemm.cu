@@ -26,17 +26,21 @@
 
 namespace {
 
-// L2 prefetch size of the weight loads (PTX .L2::128B / .L2::256B; 0: none): the load also asks L2 for the rest of
-// its 128- or 256-byte block, which the warp's next loads of the row read. H100 graph replays
-// (benchmarks/2026-11-23-h100/session13/), ms, none -> 256 bytes everywhere: decode 3.281 -> 3.252/3.255, verify 8
-// rows 3.488 -> 3.448, ctx 8192 3.780 -> 3.751/3.760, but verify 16 rows 3.553 -> 3.633 and the DFlash draft
-// 0.749 -> 0.771, whose 16-row tiles read two rows per thread. So 8-row tiles ask for 256 bytes and 16-row tiles
-// for none (comparisons: DFLASH_GEMM_NVCC_FLAGS=-DWIDE_TILE8=0 or -DWIDE_TILE16=128).
+// L2 prefetch size of the weight loads (PTX .L2::64B / 128B / 256B; 0: none): the load also asks L2 for the rest
+// of its block, which the warp's next loads of the row read. H100 graph replays (benchmarks/2026-11-23-h100/
+// session13/), ms, none / 256 bytes / 128 bytes: with 8-row tiles decode 3.264 / 3.232 / 3.188, verify 8 rows
+// 3.465 / 3.427 / 3.377, ctx 8192 3.766 / 3.734 / 3.691; with 16-row tiles verify 16 rows 3.548 / 3.633 / 3.487,
+// DFlash draft 0.747 / 0.770 / 0.740. Comparisons: DFLASH_GEMM_NVCC_FLAGS=-DWIDE=n (both), -DWIDE_TILE8=n or
+// -DWIDE_TILE16=n.
+#ifdef WIDE
+#define WIDE_TILE8 WIDE
+#define WIDE_TILE16 WIDE
+#endif
 #ifndef WIDE_TILE8
-#define WIDE_TILE8 256
+#define WIDE_TILE8 128
 #endif
 #ifndef WIDE_TILE16
-#define WIDE_TILE16 0
+#define WIDE_TILE16 128
 #endif
 
 template <int WIDE>
@@ -49,6 +53,10 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
                  : "l"(p));
   else if (WIDE == 128)
     asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  else if (WIDE == 64)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::64B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
   else
