@@ -43,19 +43,19 @@ namespace {
 #define WIDE_TILE16 128
 #endif
 
-template <int WIDE>
+template <int BLOCK>
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   // W is read once per step: keep it out of L1.
   uint4 v;
-  if (WIDE == 256)
+  if (BLOCK == 256)
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
-  else if (WIDE == 128)
+  else if (BLOCK == 128)
     asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
-  else if (WIDE == 64)
+  else if (BLOCK == 64)
     asm volatile("ld.global.nc.L1::no_allocate.L2::64B.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
