@@ -43,26 +43,29 @@ namespace {
 #define WIDE_TILE16 128
 #endif
 
+// L1 policy of the weight loads (comparisons: -DL1_POLICY=1 evict-first, 2 none; 0, the default, no allocation).
+#ifndef L1_POLICY
+#define L1_POLICY 0
+#endif
+#if L1_POLICY == 1
+#define LD_W "ld.global.nc.L1::evict_first"
+#elif L1_POLICY == 2
+#define LD_W "ld.global.nc"
+#else
+#define LD_W "ld.global.nc.L1::no_allocate"  // W is read once per step: keep it out of L1
+#endif
+
 template <int BLOCK>
 __device__ __forceinline__ uint4 load_stream(const void* p) {
-  // W is read once per step: keep it out of L1.
   uint4 v;
   if (BLOCK == 256)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    asm volatile(LD_W ".L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   else if (BLOCK == 128)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    asm volatile(LD_W ".L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   else if (BLOCK == 64)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::64B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    asm volatile(LD_W ".L2::64B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   else
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
+    asm volatile(LD_W ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 
