@@ -46,7 +46,8 @@ namespace {
 // L1 policy of the weight loads, read once per step: evict-first (L1_POLICY 1, the default), no allocation (0), or
 // none (2). H100 graph replays with 128-byte L2 blocks (session13/l1/), ms, no allocation / evict-first / none:
 // decode 3.190 / 3.165 / 3.279, verify 16 rows 3.488 / 3.474 / 3.614, verify 8 rows 3.386 / 3.349 / 3.504,
-// ctx 8192 3.696 / 3.675 / 3.734, DFlash draft 0.741 / 0.737 / 0.759. Comparisons: DFLASH_GEMM_NVCC_FLAGS=-DL1_POLICY=n.
+// ctx 8192 3.696 / 3.675 / 3.734, DFlash draft 0.741 / 0.737 / 0.759.
+// Comparisons: DFLASH_GEMM_NVCC_FLAGS=-DL1_POLICY=n.
 #ifndef L1_POLICY
 #define L1_POLICY 1
 #endif
