@@ -59,17 +59,17 @@ namespace {
 #define LD_W "ld.global.nc.L1::no_allocate"
 #endif
 
+// One 16-byte load of W with the L1 policy above and the L2 block suffix HINT (a string: "" or ".L2::128B", ...).
+#define LOAD_W(v, p, HINT) \
+  asm volatile(LD_W HINT ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p))
+
 template <int BLOCK>
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
-  if (BLOCK == 256)
-    asm volatile(LD_W ".L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  else if (BLOCK == 128)
-    asm volatile(LD_W ".L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  else if (BLOCK == 64)
-    asm volatile(LD_W ".L2::64B.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  else
-    asm volatile(LD_W ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  if (BLOCK == 256) LOAD_W(v, p, ".L2::256B");
+  else if (BLOCK == 128) LOAD_W(v, p, ".L2::128B");
+  else if (BLOCK == 64) LOAD_W(v, p, ".L2::64B");
+  else LOAD_W(v, p, "");
   return v;
 }
 
