@@ -59,23 +59,16 @@ namespace {
 #define LD_W "ld.global.nc.L1::no_allocate"
 #endif
 
-// Batches of W (U chunks each) that each warp asks for before its wait for the previous kernel: 1 (the loop's first)
-// or 2 (the second too, into the registers the loop's next batch uses, and the first batch's products peeled off
-// the loop). More of the weight stream is then in flight across the kernel boundary. H100 graph replays, ms, 1 -> 2
-// (benchmarks/2026-11-23-h100/session14/): with 16-row tiles (registers unchanged) verify 16 rows 3.481 -> 3.453,
-// DFlash draft 0.740 -> 0.737. With 8-row tiles it loses: 80 registers instead of 72 (4-warp blocks: 6 per SM
-// instead of 7), decode 3.162 -> 3.245, verify 8 rows 3.356 -> 3.473; capped at 72 still 3.199 and 3.426; and any
-// one decode product alone with 2 was slower or the same (qkv +20 us, gate_up +25, o 0). Comparisons:
-// DFLASH_GEMM_NVCC_FLAGS=-DPRE_DEPTH=n (both), -DPRE_DEPTH_TILE8=n or -DPRE_DEPTH_TILE16=n.
-#ifdef PRE_DEPTH
-#define PRE_DEPTH_TILE8 PRE_DEPTH
-#define PRE_DEPTH_TILE16 PRE_DEPTH
-#endif
-#ifndef PRE_DEPTH_TILE8
-#define PRE_DEPTH_TILE8 1
-#endif
-#ifndef PRE_DEPTH_TILE16
-#define PRE_DEPTH_TILE16 2
+// Batches of W (U chunks each) that each warp of a 16-row tile asks for before its wait for the previous kernel: 1
+// (the loop's first) or 2 (the second too, into the registers the loop's next batch uses, and the first batch's
+// products peeled off the loop). More of the weight stream is then in flight across the kernel boundary. H100 graph
+// replays, ms, 1 -> 2 (benchmarks/2026-11-23-h100/session14/), registers unchanged: verify 16 rows 3.481 -> 3.453,
+// DFlash draft 0.740 -> 0.737. The 8-row tiles (skinny_tile) keep 1: with 2 (built as in 643b0b0) they needed 80
+// registers instead of 72 (4-warp blocks: 6 per SM instead of 7), decode 3.162 -> 3.245 ms, verify 8 rows 3.356 ->
+// 3.473; capped at 72 still 3.199 and 3.426; and any one decode product alone with 2 was slower or the same (qkv
+// +20 us, gate_up +25, o 0). Comparisons: DFLASH_GEMM_NVCC_FLAGS=-DPRE_DEPTH=1.
+#ifndef PRE_DEPTH
+#define PRE_DEPTH 2
 #endif
 
 // One 16-byte load of W with the L1 policy above and the L2 block suffix HINT (a string: "" or ".L2::128B", ...).
@@ -271,15 +264,10 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
   int c = p.c0;
   // W is double-buffered: the next U chunks are in flight while the current ones are multiplied.
   // (Double-buffering x as well was measured slower: 13.4 vs 10.9 us on o_proj, more registers.)
-  uint4 wv[U], px[U];  // px: the second batch, when asked for before the wait
+  uint4 wv[U];
   if (c + U <= c1) {
 #pragma unroll
     for (int u = 0; u < U; ++u) wv[u] = load_stream<WIDE_TILE8>(wrow + (size_t)(c + u) * 32);
-  }
-  const bool pre = PRE_DEPTH_TILE8 > 1 && c + 2 * U <= c1;  // the second batch asked for before the wait too
-  if (pre) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) px[u] = load_stream<WIDE_TILE8>(wrow + (size_t)(c + U + u) * 32);
   }
   pdl_launch_dependents();
   pdl_wait();  // x (and the output buffer) belong to earlier kernels: nothing of them is touched before this
@@ -290,16 +278,15 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     res[0] = lo_ok ? *reinterpret_cast<const __nv_bfloat162*>(aux + (size_t)g * N + col) : __nv_bfloat162();
     res[1] = hi_ok ? *reinterpret_cast<const __nv_bfloat162*>(aux + (size_t)(g + 8) * N + col) : __nv_bfloat162();
   }
-  // One batch: x's chunks c.. loaded, W's next batch asked for (unless `fetched` before the wait), the products.
-  auto batch = [&](uint4(&nx)[U], bool fetched) {
-    uint4 xl[U], xh[U];
+  for (; c + U <= c1; c += U) {
+    uint4 xl[U], xh[U], nx[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       xl[u] = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + (c + u) * 32)) : zero;
       xh[u] = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + (c + u) * 32)) : zero;
     }
     const bool more = c + 2 * U <= c1;
-    if (more && !fetched) {
+    if (more) {
 #pragma unroll
       for (int u = 0; u < U; ++u) nx[u] = load_stream<WIDE_TILE8>(wrow + (size_t)(c + U + u) * 32);
     }
@@ -319,14 +306,6 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
 #pragma unroll
       for (int u = 0; u < U; ++u) wv[u] = nx[u];
     }
-  };
-  if (pre) {
-    batch(px, true);
-    c += U;
-  }
-  for (; c + U <= c1; c += U) {
-    uint4 nx[U];
-    batch(nx, false);
   }
   for (; c < c1; ++c) {
     uint4 w1 = load_stream<WIDE_TILE8>(wrow + (size_t)c * 32);
@@ -404,23 +383,19 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
   const __nv_bfloat16* xhi = x + (size_t)(hi_ok ? g + 8 : 0) * K + t * 8;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
+  // Rows r0 and r1 of W's U chunks from chunk `from`, into l and h.
+  auto fetch = [&](uint4(&l)[U], uint4(&h)[U], int from) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      l[u] = load_stream<WIDE_TILE16>(wlo + (size_t)(from + u) * 32);
+      h[u] = load_stream<WIDE_TILE16>(whi + (size_t)(from + u) * 32);
+    }
+  };
   uint4 wl[U], wh[U], pl[U], ph[U];  // pl, ph: the second batch, when asked for before the wait
   int c = p.c0;
-  if (c + U <= c1) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      wl[u] = load_stream<WIDE_TILE16>(wlo + (size_t)(c + u) * 32);
-      wh[u] = load_stream<WIDE_TILE16>(whi + (size_t)(c + u) * 32);
-    }
-  }
-  const bool pre = PRE_DEPTH_TILE16 > 1 && c + 2 * U <= c1;  // the second batch asked for before the wait too
-  if (pre) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      pl[u] = load_stream<WIDE_TILE16>(wlo + (size_t)(c + U + u) * 32);
-      ph[u] = load_stream<WIDE_TILE16>(whi + (size_t)(c + U + u) * 32);
-    }
-  }
+  if (c + U <= c1) fetch(wl, wh, c);
+  const bool pre = PRE_DEPTH > 1 && c + 2 * U <= c1;  // the second batch asked for before the wait too
+  if (pre) fetch(pl, ph, c + U);
   pdl_launch_dependents();
   pdl_wait();
 
@@ -428,7 +403,7 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
   float(&lo)[4] = acc[0];  // tokens 0..7
   float(&hi)[4] = acc[1];  // tokens 8..15
   float ss[2] = {0.f, 0.f};
-  // One batch, as in skinny_tile.
+  // One batch: x's chunks c.. loaded, W's next batch asked for (unless `fetched` before the wait), the products.
   auto batch = [&](uint4(&nl)[U], uint4(&nh)[U], bool fetched) {
     uint4 xl[U], xh[U];
 #pragma unroll
@@ -437,13 +412,7 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
       if (TOK > 8) xh[u] = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + (c + u) * 32)) : zero;
     }
     const bool more = c + 2 * U <= c1;
-    if (more && !fetched) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        nl[u] = load_stream<WIDE_TILE16>(wlo + (size_t)(c + U + u) * 32);
-        nh[u] = load_stream<WIDE_TILE16>(whi + (size_t)(c + U + u) * 32);
-      }
-    }
+    if (more && !fetched) fetch(nl, nh, c + U);
     if (NORM) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
