@@ -103,24 +103,26 @@ CHECK = textwrap.dedent("""
         # itself. Cases: rows inside one split, across two, a non-causal block, at position 0, spans of more rows
         # than one program holds; stale rows past them.
         attention.SPLIT = 64
-        for t, h, kv, d, pos0, window, causal in ((1, 4, 2, 16, 200, 300, True), (3, 8, 2, 16, 62, 300, True),
-                                                  (4, 4, 2, 16, 62, 300, False), (4, 8, 2, 64, 126, 256, True),
-                                                  (1, 4, 2, 16, 0, 300, True),
-                                                  # spans: their rows over programs of 16 (2 or 4 row blocks)
-                                                  (16, 8, 2, 16, 100, 300, True), (8, 8, 2, 16, 58, 300, True),
-                                                  (16, 8, 2, 16, 120, 300, False), (10, 4, 2, 16, 30, 300, True)):
-            qkv = torch.randn(t, (h + 2 * kv) * d).to(dt)
-            qf, kf, vf = (a.reshape(t, -1, d) for a in qkv.split([h * d, kv * d, kv * d], -1))
-            wq, wk = (1 + 0.1 * torch.randn(d)).to(dt), (1 + 0.1 * torch.randn(d)).to(dt)
-            cos, sin = ops.rope_tables(d, 10000.0, 512, "cpu")
-            kc, vc = torch.randn(window + 8, kv, d).to(dt), torch.randn(window + 8, kv, d).to(dt)
-            kc_ref, vc_ref = kc.clone(), vc.clone()
-            pos = torch.arange(pos0, pos0 + t)
-            limit = pos if causal else pos[-1:].expand(t)
-            got = attention.attention_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc, vc, pos, window, limit, d ** -0.5)
-            with ops.reference_only():
-                ref = ops.attend_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos, window, limit, d ** -0.5)
-            assert rel(got, ref) <= 10 * tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref), (t, pos0)
+        for attention.FRESH_BLOCK in (16, 64):  # spans in row blocks of 16, or in one wide block
+            for t, h, kv, d, pos0, window, causal in ((1, 4, 2, 16, 200, 300, True), (3, 8, 2, 16, 62, 300, True),
+                                                      (4, 4, 2, 16, 62, 300, False), (4, 8, 2, 64, 126, 256, True),
+                                                      (1, 4, 2, 16, 0, 300, True), (1, 4, 2, 16, 128, 300, True),
+                                                      # spans: 2 or 4 row blocks of 16, or one
+                                                      (16, 8, 2, 16, 100, 300, True), (8, 8, 2, 16, 58, 300, True),
+                                                      (16, 8, 2, 16, 120, 300, False), (10, 4, 2, 16, 30, 300, True)):
+                qkv = torch.randn(t, (h + 2 * kv) * d).to(dt)
+                qf, kf, vf = (a.reshape(t, -1, d) for a in qkv.split([h * d, kv * d, kv * d], -1))
+                wq, wk = (1 + 0.1 * torch.randn(d)).to(dt), (1 + 0.1 * torch.randn(d)).to(dt)
+                cos, sin = ops.rope_tables(d, 10000.0, 512, "cpu")
+                kc, vc = torch.randn(window + 8, kv, d).to(dt), torch.randn(window + 8, kv, d).to(dt)
+                kc_ref, vc_ref = kc.clone(), vc.clone()
+                pos = torch.arange(pos0, pos0 + t)
+                limit = pos if causal else pos[-1:].expand(t)
+                args = (1e-6, cos, sin)
+                got = attention.attention_fresh(qf, kf, vf, wq, wk, *args, kc, vc, pos, window, limit, d ** -0.5)
+                with ops.reference_only():
+                    ref = ops.attend_fresh(qf, kf, vf, wq, wk, *args, kc_ref, vc_ref, pos, window, limit, d ** -0.5)
+                assert rel(got, ref) <= 10 * tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref), (t, pos0)
     print("ok")
 """)
 

@@ -80,6 +80,14 @@ FRESH_ROWS = 16
 FRESH_SPANS = os.environ.get("DFLASH_FRESH_SPANS", "1") == "1"
 FRESH_SPAN_ROWS = 32
 FRESH_SPAN_WINDOW = 2048
+# Spans of up to FRESH_BLOCK rows per KV head take the fresh path in one row block of FRESH_WARPS warps (more warps:
+# fewer registers per thread, where 64 rows on 4 warps spilled), at any window: no row block reads keys again.
+# H100 graph replays, two rounds (benchmarks/2026-11-24-h100/), ms, FRESH_BLOCK 16 -> 32: verify 8 rows (32 rows
+# in one block instead of two) 3.357/3.356 -> 3.346/3.344, decode and the rest unchanged; on 4 warps no gain
+# (3.357/3.354). 64 (verify 16 and the DFlash draft fresh too, no RoPE kernel) gained nothing: verify 16 rows
+# 3.457/3.450 -> 3.456/3.457, draft 0.737/0.736 -> 0.739/0.736.
+FRESH_BLOCK = env_power_of_two("DFLASH_FRESH_BLOCK", 32, FRESH_ROWS, 64)
+FRESH_WARPS = env_power_of_two("DFLASH_FRESH_WARPS", 8, 4, 16)
 # A decode step's split lets the merge launch at its start, and the merge (PDL-launched) lets the o projection
 # launch at its own: the merge's and the product's blocks are then resident while the split runs, the product's
 # first weight loads in flight. Only where each split program reads one block of keys (split = BLOCK_S: windows up
@@ -240,11 +248,13 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
 
 
 def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
-    """attention_fresh takes these rows: at most FRESH_ROWS query rows per KV head, or up to FRESH_SPAN_ROWS where
-    a block of FRESH_ROWS holds whole tokens and the window is short (FRESH_SPANS), over a contiguous cache."""
+    """attention_fresh takes these rows, over a contiguous cache: at most FRESH_ROWS query rows per KV head; with
+    FRESH_SPANS, where a block of FRESH_ROWS holds whole tokens, up to FRESH_BLOCK (one wide block) or, over a
+    short window, up to FRESH_SPAN_ROWS (blocks of FRESH_ROWS)."""
     g = q.shape[1] // k_cache.shape[1]
     rows = q.shape[0] * g
-    span = FRESH_SPANS and rows <= FRESH_SPAN_ROWS and FRESH_ROWS % g == 0 and window <= FRESH_SPAN_WINDOW
+    span = FRESH_SPANS and FRESH_ROWS % g == 0 and (
+        rows <= FRESH_BLOCK or rows <= FRESH_SPAN_ROWS and window <= FRESH_SPAN_WINDOW)
     return (FRESH and (rows <= FRESH_ROWS or span) and k_cache.is_contiguous()
             and supports(q, k_cache[:window], k_cache[:window]))
 
@@ -263,8 +273,11 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     g = h // kv
     block_r = max(16, triton.next_power_of_2(t * g))
     blocks = 1  # row blocks (grid axis 2): a fresh span's rows, FRESH_ROWS per program
-    if fresh is not None and block_r > FRESH_ROWS:
+    tuning = _split_tuning()
+    if fresh is not None and block_r > FRESH_BLOCK:
         block_r, blocks = FRESH_ROWS, triton.cdiv(t * g, FRESH_ROWS)
+    elif fresh is not None and block_r > FRESH_ROWS:
+        tuning.setdefault("num_warps", FRESH_WARPS)
     # A few query rows: about PROGRAMS programs over the window (it alone must fill the GPU), splits of at least
     # BLOCK_S keys; counted with their row blocks. Spans: about SPAN_PROGRAMS, splits of at least SPAN_MIN_SPLIT
     # keys. Both at most SPLIT.
@@ -283,7 +296,7 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
                                         kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
                                         sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                                         FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows,
-                                        **launch_options(q.device, ATTENTION_PDL, trigger=chain), **_split_tuning())
+                                        **launch_options(q.device, ATTENTION_PDL, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)
     _merge_kernel[(kv, t * g, dsplit)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
                                        BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
