@@ -103,11 +103,11 @@ CHECK = textwrap.dedent("""
         # itself. Cases: rows inside one split, across two, a non-causal block, at position 0, spans of more rows
         # than one program holds; stale rows past them.
         attention.SPLIT = 64
-        for attention.FRESH_BLOCK in (16, 64):  # spans in row blocks of 16, or in one wide block
+        for attention.FRESH_BLOCK in (16, 32):  # spans in row blocks of 16, or 32 rows in one block
             for t, h, kv, d, pos0, window, causal in ((1, 4, 2, 16, 200, 300, True), (3, 8, 2, 16, 62, 300, True),
                                                       (4, 4, 2, 16, 62, 300, False), (4, 8, 2, 64, 126, 256, True),
                                                       (1, 4, 2, 16, 0, 300, True), (1, 4, 2, 16, 128, 300, True),
-                                                      # spans: 2 or 4 row blocks of 16, or one
+                                                      # spans: 2 or 4 row blocks of 16, or 32 rows in one
                                                       (16, 8, 2, 16, 100, 300, True), (8, 8, 2, 16, 58, 300, True),
                                                       (16, 8, 2, 16, 120, 300, False), (10, 4, 2, 16, 30, 300, True)):
                 qkv = torch.randn(t, (h + 2 * kv) * d).to(dt)

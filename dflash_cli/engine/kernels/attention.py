@@ -80,13 +80,14 @@ FRESH_ROWS = 16
 FRESH_SPANS = os.environ.get("DFLASH_FRESH_SPANS", "1") == "1"
 FRESH_SPAN_ROWS = 32
 FRESH_SPAN_WINDOW = 2048
-# Spans of up to FRESH_BLOCK rows per KV head take the fresh path in one row block of FRESH_WARPS warps (more warps:
-# fewer registers per thread, where 64 rows on 4 warps spilled), at any window: no row block reads keys again.
-# H100 graph replays, two rounds (benchmarks/2026-11-24-h100/), ms, FRESH_BLOCK 16 -> 32: verify 8 rows (32 rows
-# in one block instead of two) 3.357/3.356 -> 3.346/3.344, decode and the rest unchanged; on 4 warps no gain
-# (3.357/3.354). 64 (verify 16 and the DFlash draft fresh too, no RoPE kernel) gained nothing: verify 16 rows
-# 3.457/3.450 -> 3.456/3.457, draft 0.737/0.736 -> 0.739/0.736.
-FRESH_BLOCK = env_power_of_two("DFLASH_FRESH_BLOCK", 32, FRESH_ROWS, 64)
+# Fresh spans of up to FRESH_BLOCK rows per KV head run in one row block of FRESH_WARPS warps (more warps: fewer
+# registers per thread, where 64 rows on 4 warps spilled), not in blocks of FRESH_ROWS. H100 graph replays, two
+# rounds (benchmarks/2026-11-24-h100/fresh_block/), ms, FRESH_BLOCK 16 -> 32: verify 8 rows (32 rows in one block
+# instead of two) 3.357/3.356 -> 3.346/3.344, decode and the rest unchanged; on 4 warps no gain (3.357/3.354).
+# A 64-row block (verify 16 and the DFlash draft fresh too, no RoPE kernel) gained nothing (verify 16 rows
+# 3.457/3.450 -> 3.456/3.457, draft 0.737/0.736 -> 0.739/0.736), and the wide block past FRESH_SPAN_WINDOW lost to
+# the RoPE kernel (verify 8 rows at ctx 8192 3.836/3.831 -> 3.851/3.853, fused_merge/), so the window limit stays.
+FRESH_BLOCK = env_power_of_two("DFLASH_FRESH_BLOCK", FRESH_SPAN_ROWS, FRESH_ROWS, FRESH_SPAN_ROWS)
 FRESH_WARPS = env_power_of_two("DFLASH_FRESH_WARPS", 8, 4, 16)
 # A decode step's split lets the merge launch at its start, and the merge (PDL-launched) lets the o projection
 # launch at its own: the merge's and the product's blocks are then resident while the split runs, the product's
@@ -248,13 +249,11 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
 
 
 def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
-    """attention_fresh takes these rows, over a contiguous cache: at most FRESH_ROWS query rows per KV head; with
-    FRESH_SPANS, where a block of FRESH_ROWS holds whole tokens, up to FRESH_BLOCK (one wide block) or, over a
-    short window, up to FRESH_SPAN_ROWS (blocks of FRESH_ROWS)."""
+    """attention_fresh takes these rows: at most FRESH_ROWS query rows per KV head, or up to FRESH_SPAN_ROWS where
+    a block of FRESH_ROWS holds whole tokens and the window is short (FRESH_SPANS), over a contiguous cache."""
     g = q.shape[1] // k_cache.shape[1]
     rows = q.shape[0] * g
-    span = FRESH_SPANS and FRESH_ROWS % g == 0 and (
-        rows <= FRESH_BLOCK or rows <= FRESH_SPAN_ROWS and window <= FRESH_SPAN_WINDOW)
+    span = FRESH_SPANS and rows <= FRESH_SPAN_ROWS and FRESH_ROWS % g == 0 and window <= FRESH_SPAN_WINDOW
     return (FRESH and (rows <= FRESH_ROWS or span) and k_cache.is_contiguous()
             and supports(q, k_cache[:window], k_cache[:window]))
 
