@@ -4,7 +4,8 @@
 # VARIANTS ("name:ENV=V[,ENV=V]" separated by spaces), then the full step profile and ctx 8192.
 # Env: PYTEST_K, GEMM_TABLE (rows for a GEMM table), TUNE (see below); BENCH="name ..." benches only those
 # variants (the others get their replays; as_built is the build as it is), CTX8192=0 skips the ctx 8192 bench,
-# PROFILE=0 the full step profile, ROUNDS=N sets the rounds of replays (default 2, at least 1; benches run in round 1).
+# PROFILE=0 the full step profile, ROUNDS=N sets the rounds of replays (default 2, at least 1; benches run in round 1),
+# STEPS=1 adds forced DFlash steps' wall times to each round (step_profile.py STEPS_ONLY).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -21,7 +22,8 @@ for round in $(seq "$(( ${ROUNDS:-2} < 1 ? 1 : ${ROUNDS:-2} ))"); do  # interlea
   for v in "as_built:" $VARIANTS; do
     name=${v%%:*}; envs=${v#*:}
     echo "=== replays $name (round $round): ${envs//,/ }"
-    env ${envs//,/ } REPLAYS_ONLY=1 timeout 90 python benchmarks/step_profile.py 2>&1 | grep "graph replay"
+    env ${envs//,/ } REPLAYS_ONLY=1 STEPS_ONLY=${STEPS:-0} timeout 150 python benchmarks/step_profile.py 2>&1 |
+      grep "graph replay\|wall ms/step"
     [ "$round" = 1 ] && { [ -z "$BENCH" ] || [[ " $BENCH " == *" $name "* ]]; } && \
       bench "ctx1024_$name" 1024 dflash,eagle3 128 ${envs//,/ }
   done

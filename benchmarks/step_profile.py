@@ -4,7 +4,8 @@ Times graph replays of the decode step (1 row) and a 16-row verify, then profile
 run eagerly (kernel durations, not launch gaps) and a DFlash draft, listing kernels by total time per step.
 Last, whole forced-acceptance DFlash and EAGLE-3 steps as the bench runs them (graphs): wall time per step against the
 time the GPU is busy, so the host's share of a step (launches, the one sync, Python) is measured.
-REPLAYS_ONLY=1 stops after the graph replays (for A/B runs of a switch).
+REPLAYS_ONLY=1 stops after the graph replays (for A/B runs of a switch); STEPS_ONLY=1 with it adds the wall
+time per forced-acceptance DFlash step over six generations.
 """
 
 import os
@@ -167,6 +168,19 @@ def decode_steps(model, decoder, label, new=128):
         print(f"  {us:8.1f} us  {c:5.1f}x  {key[:90]}")
 
 
+def step_walls(model, decoder, label, runs=6, new=128):
+    """Wall ms per step of `runs` generations after the capturing one (no profiler): for A/B runs."""
+    run = generation_runner(model, decoder, new)
+    run()  # captures
+    walls = []
+    for _ in range(runs):
+        res = run()
+        walls.append(res.decode_s / len(res.steps) * 1000)
+    walls.sort()
+    print(f"{label}: wall ms/step over {runs} runs: median {walls[runs // 2]:.3f}, "
+          f"all {' '.join(f'{w:.3f}' for w in walls)}")
+
+
 def spec_steps(model, proposer, label, tau=6.0, new=128):
     """Forced-acceptance generations through the real driver, on graphs."""
     decode_steps(model, forced_decoder(model, proposer, tau, new), f"{label} steps (graphs, forced tau {tau})", new)
@@ -193,6 +207,10 @@ def main():
     print(f"graph replay: DFlash draft {replay_ms(draft):.3f} ms")
     if os.environ.get("RESOURCES") == "1":
         print_resources()
+    if os.environ.get("STEPS_ONLY") == "1":  # A/B runs of the step's work outside the graphs
+        from dflash_cli.engine.proposers.dflash import DFlashProposer
+
+        step_walls(model, forced_decoder(model, DFlashProposer(drafter)), "DFlash steps (graphs, forced tau 6.0)")
     if os.environ.get("REPLAYS_ONLY") == "1":  # A/B runs of a switch: the replays are the figures
         return
     profile(lambda: static([5], CTX, (), False), 5, "decode step (eager static)")

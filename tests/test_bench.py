@@ -151,3 +151,26 @@ def test_timed_runs_reuse_the_warm_up_decoders_and_graphs(registry, tmp_path, mo
 def test_synthetic_empty_prompt_is_one_error_line(cli, registry):
     r = cli("bench", "--synthetic", "--synthetic-prompt-len", "0", "--max-tokens", "2", "--draft", "dflash")
     assert r.code == 1 and r.err.startswith("error:") and r.err.count("\n") == 1 and "empty" in r.err, r.err
+
+
+def test_forced_proposals_are_the_sequence_then_one_wrong_token():
+    """The synthetic bench's forcing, sliced on the device: n tokens of the known continuation, then that
+    continuation's next token + 1 (mod the vocabulary), then the drafter's own; cut short where the sequence
+    ends."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dflash_cli.bench.forced import ForcedAcceptance
+
+    seq, vocab = [5, 9, 2, 7, 0, 3, 8], 10
+    inner = SimpleNamespace(kind="dflash", capture=(1,), max_draft=4)
+    forced = ForcedAcceptance(inner, seq, tau=1.0, vocab_size=vocab)
+    drafts = torch.tensor([40, 41, 42, 43])
+    for pos, n in ((0, 0), (0, 2), (1, 4), (3, 3), (4, 2), (5, 4), (6, 1)):
+        forced._n_right = lambda k, n=n: n
+        got, _ = forced._force(pos, 4, drafts, None)
+        truth = seq[pos + 1 : pos + 1 + min(n + 1, 4)]
+        head = truth[:n] + [(t + 1) % vocab for t in truth[n:]]
+        assert got.tolist() == head + drafts.tolist()[len(head):], (pos, n)
+        assert forced.forced == n

@@ -36,6 +36,7 @@ class ForcedAcceptance:
         self.rng = random.Random(seed)
         self.pos = 0  # position of the last committed token (the next proposal follows it)
         self.forced = 0  # drafts the current step must commit
+        self._on_device = None  # (sequence, each token + 1): forced proposals are sliced from them, not uploaded
 
     def reset(self, max_len: int, path: str = "eager") -> None:
         self.inner.reset(max_len, path)
@@ -71,25 +72,33 @@ class ForcedAcceptance:
         self.pos = length
 
     def _force(self, pos: int, k: int, drafts, probs):
-        """Overwrite the proposal after position `pos` with the forced continuation."""
+        """Overwrite the proposal after position `pos` with the forced continuation: its first n tokens, then
+        a wrong one (surely rejected). One kernel on the device (the proposal is never read back here): the
+        forcing should cost the measured step as little as it can."""
         n = self.forced = self._n_right(k)
-        truth = self.sequence[pos + 1 : pos + 1 + min(n + 1, k)]
-        head = truth[:n] + [(t + 1) % self.vocab_size for t in truth[n:]]  # the one at n is surely rejected
+        a = pos + 1
+        head = min(n + 1, k, max(0, len(self.sequence) - a))  # forced tokens: as many as the sequence holds
         if not head:
             return drafts, probs
-        # Overwritten on the device: the proposal is never read back here.
-        forced = drafts.clone()
-        forced[: len(head)] = upload(head, drafts.device)
-        return forced, probs
+        if self._on_device is None:
+            truth = upload(self.sequence, drafts.device)
+            self._on_device = truth, (truth + 1) % self.vocab_size
+        truth, wrong = self._on_device
+        right = min(n, head)
+        return torch.cat([truth[a : a + right], wrong[a + right : a + head], drafts[head:]]), probs
 
 
 class ForcedDecoder(SpeculativeDecoder):
     """A speculative decoder whose proposer is a ForcedAcceptance: commits its forced count."""
 
+    _counts: torch.Tensor | None = None  # 0..max_draft on the device
+
     def accept(self, ids, q, out, params, gen):
         verdict = super().accept(ids, q, out, params, gen)  # keep the real acceptance's cost
         n = min(self.proposer.forced, ids.shape[0] - 1)
         # Built anew (the real verdict may be a graph's output). Not `verdict[0] = n`: setting an element
-        # from a host number copies from pageable memory, which waits for the device.
-        count = torch.full((1,), n, dtype=verdict.dtype, device=verdict.device)
-        return torch.cat([count, ops.argmax_rows(out.logits[n : n + 1]), verdict[2:]])
+        # from a host number copies from pageable memory, which waits for the device. The count is a slice of
+        # a device range made once (no kernel).
+        if self._counts is None or self._counts.device != verdict.device:
+            self._counts = torch.arange(self.proposer.max_draft + 1, dtype=verdict.dtype, device=verdict.device)
+        return torch.cat([self._counts[n : n + 1], ops.argmax_rows(out.logits[n : n + 1]), verdict[2:]])
