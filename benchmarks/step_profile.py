@@ -4,8 +4,8 @@ Times graph replays of the decode step (1 row) and a 16-row verify, then profile
 run eagerly (kernel durations, not launch gaps) and a DFlash draft, listing kernels by total time per step.
 Last, whole forced-acceptance DFlash and EAGLE-3 steps as the bench runs them (graphs): wall time per step against the
 time the GPU is busy, so the host's share of a step (launches, the one sync, Python) is measured.
-REPLAYS_ONLY=1 stops after the graph replays (for A/B runs of a switch); STEPS_ONLY=1 with it adds the wall
-time per forced-acceptance DFlash step over six generations.
+REPLAYS_ONLY=1 stops after the graph replays (for A/B runs of a switch); STEPS_ONLY=1 adds, after them, the wall
+time per forced-acceptance DFlash step over six generations without the profiler (gpu_ab.sh STEPS=1).
 """
 
 import os
