@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dflash_cli.engine.generation import PlainDecoder, Request, generate
-from dflash_cli.engine.graphs import window_for
+from dflash_cli.engine.graphs import padded_prefill, prefill_rows, window_for
 from dflash_cli.engine.proposers.dflash import DFlashProposer
 from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
 from dflash_cli.engine.sampling import SamplingParams
@@ -49,6 +49,36 @@ def test_static_logits_match_eager_across_window_boundaries(models):
         if step % 4 == 3:  # roll back one row, as a rejected draft does
             eager.length -= 1
             static.length -= 1
+
+
+def test_prefill_sizes_are_padded_buckets():
+    assert [prefill_rows(n, 0, 4096) for n in (33, 64, 65, 200, 257, 2048, 2049, 4096)] == [
+        64, 64, 128, 256, 512, 2048, 2304, 4096]
+    assert prefill_rows(4097, 0, 8192) is None  # longer prompts run eagerly
+    assert prefill_rows(300, 3600, 4096) is None and prefill_rows(300, 3584, 4096) == 512  # padding must fit
+    ids, pos = padded_prefill([5, 6, 7], 10, 5)
+    assert ids == [0, 0, 5, 6, 7] and pos == [13, 14, 10, 11, 12]
+
+
+def test_padded_prefill_matches_eager(models):
+    """Prefills past MAX_ROWS on the static path: padded to a bucket, the padding rows first at positions after
+    the prompt; eager on a size's first use, from the built step on later ones. Logits, captured states and every
+    later step agree with the eager forward; a prefill whose padding would pass the cache's end runs eagerly."""
+    target = models[0]
+    eager, static = Session(target, 700, path="eager"), Session(target, 700, path="static")
+    # The first and third share a key (64 rows, window 256, last logits only): the third replays a built step.
+    turns = [list(range(3, 63)), [5] * 40, list(range(200, 250)), list(range(9, 120))]
+    for i, ids in enumerate(turns):
+        a = eager.forward(ids, capture=(0, 2), all_logits=i % 2 == 1)
+        b = static.forward(ids, capture=(0, 2), all_logits=i % 2 == 1)
+        assert a.logits.shape == b.logits.shape and a.hidden.shape == b.hidden.shape
+        assert torch.allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(a.hidden, b.hidden, rtol=1e-5, atol=1e-5)
+        a, b = eager.forward([11], all_logits=True), static.forward([11], all_logits=True)
+        assert torch.allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+    assert sum(key[0] > 32 for key in static.fast.steps) == 1  # only the repeated size was built
+    tail = [i % 300 for i in range(700 - eager.length)]  # fills the cache: no room for padding
+    assert torch.allclose(eager.forward(tail).logits, static.forward(tail).logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])

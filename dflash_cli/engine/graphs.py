@@ -21,7 +21,15 @@ import torch
 from . import ops
 
 MIN_WINDOW = 256
-MAX_ROWS = 32  # longer spans (prefill) run eagerly
+MAX_ROWS = 32  # the most rows of a step (decode, verify, draft); longer spans are prefills
+# A prefill of up to PREFILL_MAX_ROWS rows runs as a graph too, padded to a size bucket (`prefill_rows`): the eager
+# forward of a 2048-token prompt took the H100's host 17-34 ms to queue against ~32 ms on the device, so host
+# stalls reached the first token's latency. Longer prompts run eagerly. Each bucket's graph keeps its outputs
+# (the logits row, drafter states: 25.6 KB a row for DFlash on Qwen3-4B): at most PREFILL_GRAPHS are kept.
+# DFLASH_PREFILL_GRAPHS=0: every prefill eager, as before (A/B).
+PREFILL_MAX_ROWS = 4096 if os.environ.get("DFLASH_PREFILL_GRAPHS", "1") != "0" else 0
+PREFILL_STEP = 256
+PREFILL_GRAPHS = 4
 # Inputs already on the device are staged into a graph's buffers by kernels (a copy, positions from a row count),
 # not by DMA copies (cudaMemcpyAsync): on the H100 the stream idled about 9 us around each small DMA copy between
 # a step's graphs. DFLASH_KERNEL_STAGING=0: DMA copies, as before.
@@ -74,6 +82,25 @@ def upload(ids, device) -> torch.Tensor:
     return src.to(device, torch.long, non_blocking=True)
 
 
+def prefill_rows(n: int, start: int, max_len: int) -> int | None:
+    """The padded size of an n-row prefill at `start` (n > MAX_ROWS): 64, 128 or 256 rows, then multiples of
+    PREFILL_STEP; None where it runs eagerly (too long, or its padding would pass the cache's end)."""
+    rows = 64
+    while rows < n and rows < PREFILL_STEP:
+        rows *= 2
+    if rows < n:
+        rows = -(-n // PREFILL_STEP) * PREFILL_STEP
+    return rows if rows <= PREFILL_MAX_ROWS and start + rows <= max_len else None
+
+
+def padded_prefill(ids, start: int, rows: int) -> tuple[list[int], list[int]]:
+    """(ids, positions) of a prefill padded to `rows`: the padding rows first, at the positions after the prompt
+    (no prompt row sees their keys, and later steps write those cache rows again before reading them), so the
+    prompt's last row stays the last row, the one a forward takes logits from."""
+    n = len(ids)
+    return [0] * (rows - n) + list(ids), list(range(start + n, start + rows)) + list(range(start, start + n))
+
+
 def window_for(end: int, max_len: int) -> int:
     w = MIN_WINDOW
     while w < end:
@@ -102,6 +129,11 @@ class Graphs:
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_s = 0.0  # total time spent capturing (reported by bench)
         self.captures = 0
+        # Prefill sizes (keys of more than MAX_ROWS rows) run eagerly on their first use and are captured on
+        # their second: a chat's prompts vary, and a capture costs about two forwards. The bench, which warms
+        # each prompt once, captures them at once (prefill_capture_at_first_use).
+        self.prefill_capture_at_first_use = False
+        self._prefills_seen: set = set()
 
     def __call__(self, ids, start: int, *extra, end: int | None = None, positions=None):
         """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device) at
@@ -121,8 +153,18 @@ class Graphs:
             pos = list(range(start, start + n)) if positions is None else list(positions)
             # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
             src = host_ids((list(ids) if on_host else []) + pos, self.device)
+        if step is None and n > MAX_ROWS:
+            if not self.prefill_capture_at_first_use and key not in self._prefills_seen:
+                self._prefills_seen.add(key)
+                Totals.shapes += 1
+                inputs = src.to(self.device, non_blocking=True)
+                ids = inputs[:n] if on_host else ids
+                return self.fn(ids, inputs[n:] if on_host else inputs, *key[1:])
+            self._evict_prefills()
         if step is None:
             step = self.steps[key] = self._build(key, ids, src, on_host)
+        elif n > MAX_ROWS:
+            self.steps[key] = self.steps.pop(key)  # most recently used last
         elif on_host and step.inputs is not None:
             step.inputs.copy_(src, non_blocking=True)
         else:
@@ -136,6 +178,12 @@ class Graphs:
         else:
             step.out = self._run(step, key)
         return step.out
+
+    def _evict_prefills(self) -> None:
+        """Make room for one more prefill graph: drop the least recently used beyond PREFILL_GRAPHS - 1."""
+        prefills = [key for key in self.steps if key[0] > MAX_ROWS]
+        for key in prefills[: max(0, len(prefills) - PREFILL_GRAPHS + 1)]:
+            del self.steps[key]
 
     def clear(self) -> None:
         """Drop every captured step (they are rebuilt on next use): for when tensors a capture

@@ -394,5 +394,9 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
 
         if kernel.supports(q, k, v):
             return kernel.attention_window(q, k, v, limit, scale)
+        from .kernels import prefill_attention as many_rows  # rows past the split kernel's tile: a prefill
+
+        if many_rows.supports(q, k, v):
+            return many_rows.attention_window(q, k, v, limit, scale)
     visible = torch.arange(k.shape[0], device=k.device)[None, :] <= limit[:, None]
     return attention_masked(q, k, v, visible, scale)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Sequence
@@ -9,7 +10,7 @@ from typing import Sequence
 import torch
 
 from ..errors import DflashError
-from .graphs import KERNEL_STAGING, MAX_ROWS, stage, upload, with_verdict
+from .graphs import KERNEL_STAGING, MAX_ROWS, padded_prefill, prefill_rows, stage, upload, with_verdict
 
 
 def now(device: torch.device) -> float:
@@ -130,8 +131,17 @@ class Session:
         n = len(ids)
         if self.length + n > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")
+        rows = None
+        if self.fast is not None and n > MAX_ROWS and not accept and not torch.is_tensor(ids):
+            rows = prefill_rows(n, self.length, self.max_len)
         if self.fast is not None and n <= MAX_ROWS:
             out = self.fast(ids, self.length, tuple(capture), all_logits, accept)
+        elif rows is not None:
+            padded, positions = padded_prefill(ids, self.length, rows)
+            out = self.fast(padded, self.length, tuple(capture), all_logits, False, positions=positions)
+            pad = rows - n  # the padding rows come first: drop their states
+            out = dataclasses.replace(out, logits=out.logits[pad:] if all_logits else out.logits,
+                                      hidden=None if out.hidden is None else out.hidden[pad:])
         else:
             ids = upload(ids, self.device)
             out = with_verdict(self.model.forward(ids, self.length, self.cache, capture=capture,

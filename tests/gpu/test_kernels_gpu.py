@@ -77,6 +77,23 @@ def test_window_attention_matches_reference_bf16(t, window, last, causal):
     assert rel(got, ref) <= 2e-2
 
 
+@pytest.mark.parametrize("t,window,start,pad", [(2048, 2048, 0, 0), (512, 2048, 1000, 212), (64, 256, 100, 30),
+                                               (256, 8192, 7000, 0)])
+def test_prefill_attention_matches_reference_bf16(t, window, start, pad):
+    """A padded prefill's rows (the padding first, at positions after the prompt's) at Qwen3-4B head shapes."""
+    from dflash_cli.engine.kernels.prefill_attention import attention_window
+
+    torch.manual_seed(3)
+    bf = torch.bfloat16
+    q = torch.randn(t, 32, 128, dtype=bf)
+    k, v = torch.randn(window, 8, 128, dtype=bf), torch.randn(window, 8, 128, dtype=bf)
+    limit = torch.cat([torch.arange(start + t - pad, start + t), torch.arange(start, start + t - pad)])
+    ref = ops.attention_masked(q.float(), k.float(), v.float(), torch.arange(window)[None, :] <= limit[:, None],
+                               128**-0.5)
+    got = attention_window(q.cuda(), k.cuda(), v.cuda(), limit.cuda(), 128**-0.5)
+    assert rel(got, ref) <= 2e-2
+
+
 @pytest.mark.parametrize("t,window,pos0,causal", [
     (1, 2048, 1023, True), (1, 16384, 8299, True), (4, 2048, 1022, True), (2, 2048, 250, False),
     (8, 2048, 1000, True), (16, 2048, 1000, True), (16, 16384, 8200, False)])
