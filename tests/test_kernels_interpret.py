@@ -124,12 +124,14 @@ CHECK = textwrap.dedent("""
                     ref = ops.attend_fresh(qf, kf, vf, wq, wk, *args, kc_ref, vc_ref, pos, window, limit, d ** -0.5)
                 assert rel(got, ref) <= 10 * tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref), (t, pos0)
         # A prefill's many rows (the flash-form kernel): padding rows first, at positions after the prompt's; rows
-        # in one block (40) or several (130, one partly filled); a prompt starting at 0 or after earlier rows.
+        # in one block (40) or several (130, one partly filled); a prompt starting at 0 or after earlier rows; a
+        # window not a multiple of the key block, its last key seen (the cache's end).
+        from dflash_cli.engine.graphs import padded_prefill
         from dflash_cli.engine.kernels import prefill_attention
         prefill_attention._shared_memory = lambda device: 0
-        for t, s, start, pad in ((40, 200, 100, 7), (130, 320, 0, 2), (130, 320, 150, 0)):
+        for t, s, start, pad in ((40, 200, 100, 7), (130, 320, 0, 2), (130, 320, 150, 0), (70, 300, 230, 5)):
             qq, kk_, vv = torch.randn(t, 4, 64).to(dt), torch.randn(s, 2, 64).to(dt), torch.randn(s, 2, 64).to(dt)
-            limit = torch.cat([torch.arange(start + t - pad, start + t), torch.arange(start, start + t - pad)])
+            limit = torch.tensor(padded_prefill(range(t - pad), start, t)[1])
             ref = ops.attention_masked(qq.float(), kk_.float(), vv.float(), torch.arange(s)[None, :] <= limit[:, None],
                                        0.125)
             assert rel(prefill_attention.attention_window(qq, kk_, vv, limit, 0.125), ref) <= 10 * tol, (t, start)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dflash_cli.engine.generation import PlainDecoder, Request, generate
+from dflash_cli.engine import graphs
 from dflash_cli.engine.graphs import padded_prefill, prefill_rows, window_for
 from dflash_cli.engine.proposers.dflash import DFlashProposer
 from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
@@ -51,6 +52,10 @@ def test_static_logits_match_eager_across_window_boundaries(models):
             static.length -= 1
 
 
+needs_prefill_graphs = pytest.mark.skipif(graphs.PREFILL_MAX_ROWS == 0, reason="DFLASH_PREFILL_GRAPHS=0")
+
+
+@needs_prefill_graphs
 def test_prefill_sizes_are_padded_buckets():
     assert [prefill_rows(n, 0, 4096) for n in (33, 64, 65, 200, 257, 2048, 2049, 4096)] == [
         64, 64, 128, 256, 512, 2048, 2304, 4096]
@@ -60,23 +65,36 @@ def test_prefill_sizes_are_padded_buckets():
     assert ids == [0, 0, 5, 6, 7] and pos == [13, 14, 10, 11, 12]
 
 
+@needs_prefill_graphs
 def test_padded_prefill_matches_eager(models):
     """Prefills past MAX_ROWS on the static path: padded to a bucket, the padding rows first at positions after
-    the prompt; eager on a size's first use, from the built step on later ones. Logits, captured states and every
-    later step agree with the eager forward; a prefill whose padding would pass the cache's end runs eagerly."""
+    the prompt; eager on a size's first use, built on its second, replayed with new inputs on later ones. Logits,
+    captured states and every later step agree with the eager forward; a prefill whose padding would pass the
+    cache's end runs eagerly."""
     target = models[0]
     eager, static = Session(target, 700, path="eager"), Session(target, 700, path="static")
-    # The first and third share a key (64 rows, window 256, last logits only): the third replays a built step.
-    turns = [list(range(3, 63)), [5] * 40, list(range(200, 250)), list(range(9, 120))]
-    for i, ids in enumerate(turns):
-        a = eager.forward(ids, capture=(0, 2), all_logits=i % 2 == 1)
-        b = static.forward(ids, capture=(0, 2), all_logits=i % 2 == 1)
+
+    def same(ids, all_logits):
+        a = eager.forward(ids, capture=(0, 2), all_logits=all_logits)
+        b = static.forward(ids, capture=(0, 2), all_logits=all_logits)
         assert a.logits.shape == b.logits.shape and a.hidden.shape == b.hidden.shape
         assert torch.allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
         assert torch.allclose(a.hidden, b.hidden, rtol=1e-5, atol=1e-5)
         a, b = eager.forward([11], all_logits=True), static.forward([11], all_logits=True)
         assert torch.allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
-    assert sum(key[0] > 32 for key in static.fast.steps) == 1  # only the repeated size was built
+
+    # Different prompts of one bucket (64 rows, window 256) from position 0: uncaptured, built, then replayed
+    # twice, each time with its own ids and positions; for last-row logits and for every row's.
+    g = torch.Generator().manual_seed(3)
+    for use in range(8):
+        eager.reset(), static.reset()
+        same(torch.randint(0, 300, (int(torch.randint(33, 65, (1,), generator=g)),), generator=g).tolist(),
+             all_logits=use >= 4)
+    assert [key[0] for key in static.fast.steps if key[0] > 32] == [64, 64]
+    # One session growing: prefills after earlier turns (the first and third share a key).
+    eager.reset(), static.reset()
+    for i, ids in enumerate([list(range(3, 63)), [5] * 40, list(range(200, 250)), list(range(9, 120))]):
+        same(ids, all_logits=i % 2 == 1)
     tail = [i % 300 for i in range(700 - eager.length)]  # fills the cache: no room for padding
     assert torch.allclose(eager.forward(tail).logits, static.forward(tail).logits, rtol=1e-5, atol=1e-5)
 

@@ -1,4 +1,4 @@
-"""CUDA-graph replay of the target's short forwards (decode steps and verify spans).
+"""CUDA-graph replay of the target's forwards: decode steps, verify spans, and prefills padded to a size bucket.
 
 A graph is captured once per (rows, attention window, capture, all_logits) and
 replayed at any position: the token ids and the rows' positions are copied into
@@ -25,7 +25,8 @@ MAX_ROWS = 32  # the most rows of a step (decode, verify, draft); longer spans a
 # A prefill of up to PREFILL_MAX_ROWS rows runs as a graph too, padded to a size bucket (`prefill_rows`): the eager
 # forward of a 2048-token prompt took the H100's host 17-34 ms to queue against ~32 ms on the device, so host
 # stalls reached the first token's latency. Longer prompts run eagerly. Each bucket's graph keeps its outputs
-# (the logits row, drafter states: 25.6 KB a row for DFlash on Qwen3-4B): at most PREFILL_GRAPHS are kept.
+# (the logits row, drafter states: 25.6 KB a row for DFlash on Qwen3-4B): at most PREFILL_GRAPHS are kept
+# (`Graphs.prefill_graphs`; the bench keeps one per prompt).
 # DFLASH_PREFILL_GRAPHS=0: every prefill eager, as before (A/B).
 PREFILL_MAX_ROWS = 4096 if os.environ.get("DFLASH_PREFILL_GRAPHS", "1") != "0" else 0
 PREFILL_STEP = 256
@@ -39,7 +40,8 @@ KERNEL_STAGING = os.environ.get("DFLASH_KERNEL_STAGING", "1") != "0"
 class Totals:
     """Process-wide counts over every Graphs object (target and drafters): bench reads the
     difference across its timed runs. `shapes` counts first uses of a key on any static path
-    (on the graphs path each one is a capture), so CPU tests can check warm-up coverage."""
+    (on the graphs path each one is a capture; a prefill key counts twice: its first use runs
+    uncaptured, its second is captured), so CPU tests can check warm-up coverage."""
 
     shapes = 0
     captures = 0
@@ -133,6 +135,7 @@ class Graphs:
         # their second: a chat's prompts vary, and a capture costs about two forwards. The bench, which warms
         # each prompt once, captures them at once (prefill_capture_at_first_use).
         self.prefill_capture_at_first_use = False
+        self.prefill_graphs = PREFILL_GRAPHS  # how many prefill graphs are kept
         self._prefills_seen: set = set()
 
     def __call__(self, ids, start: int, *extra, end: int | None = None, positions=None):
@@ -161,10 +164,10 @@ class Graphs:
                 ids = inputs[:n] if on_host else ids
                 return self.fn(ids, inputs[n:] if on_host else inputs, *key[1:])
             self._evict_prefills()
+        if step is not None and n > MAX_ROWS:
+            self.steps[key] = self.steps.pop(key)  # most recently used last; its inputs are staged below
         if step is None:
             step = self.steps[key] = self._build(key, ids, src, on_host)
-        elif n > MAX_ROWS:
-            self.steps[key] = self.steps.pop(key)  # most recently used last
         elif on_host and step.inputs is not None:
             step.inputs.copy_(src, non_blocking=True)
         else:
@@ -180,9 +183,9 @@ class Graphs:
         return step.out
 
     def _evict_prefills(self) -> None:
-        """Make room for one more prefill graph: drop the least recently used beyond PREFILL_GRAPHS - 1."""
+        """Make room for one more prefill graph: drop the least recently used beyond prefill_graphs - 1."""
         prefills = [key for key in self.steps if key[0] > MAX_ROWS]
-        for key in prefills[: max(0, len(prefills) - PREFILL_GRAPHS + 1)]:
+        for key in prefills[: max(0, len(prefills) - self.prefill_graphs + 1)]:
             del self.steps[key]
 
     def clear(self) -> None:

@@ -37,8 +37,9 @@ class Span:
 class StaticSpan:
     def __init__(self, cache: KVCache, positions: torch.Tensor, window: int, cos: torch.Tensor,
                  sin: torch.Tensor, causal=True):
-        """positions: the rows' cache positions, device int64 [T] (consecutive); window: how many cache rows
-        attention reads (> the last position)."""
+        """positions: the rows' cache positions, device int64 [T]: consecutive, except in a padded prefill
+        (padding rows first, at positions after the prompt's), whose rows are too many for the fresh kernel, the
+        one that assumes consecutive positions; window: how many cache rows attention reads (> the last position)."""
         self.cache, self.window = cache, window
         self.positions = positions
         self.tables = cos, sin  # whole: the fused kernel reads them at the positions

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from dflash_cli.engine import ops
+from dflash_cli.engine.graphs import padded_prefill
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -87,7 +88,7 @@ def test_prefill_attention_matches_reference_bf16(t, window, start, pad):
     bf = torch.bfloat16
     q = torch.randn(t, 32, 128, dtype=bf)
     k, v = torch.randn(window, 8, 128, dtype=bf), torch.randn(window, 8, 128, dtype=bf)
-    limit = torch.cat([torch.arange(start + t - pad, start + t), torch.arange(start, start + t - pad)])
+    limit = torch.tensor(padded_prefill(range(t - pad), start, t)[1])  # padding rows first, after the prompt
     ref = ops.attention_masked(q.float(), k.float(), v.float(), torch.arange(window)[None, :] <= limit[:, None],
                                128**-0.5)
     got = attention_window(q.cuda(), k.cuda(), v.cuda(), limit.cuda(), 128**-0.5)

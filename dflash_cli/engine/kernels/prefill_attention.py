@@ -57,7 +57,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, out_ptr, T, S, stride_lt, st
     end = tl.max(lim, axis=0) + 1
     k_ptr += kvh * stride_kh
     v_ptr += kvh * stride_vh
-    # A finite start: a padding row (limit -1) sees nothing and must not make exp2(-inf - -inf).
+    # A finite start: a row past T (limit -1) sees nothing and must not make exp2(-inf - -inf).
     m_i = tl.full((BLOCK_M,), -1.0e30, tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
@@ -85,9 +85,11 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     t, h, d = q.shape
     s, kv, _ = k.shape
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
-    block_m = 128 if t > 64 else 64
-    # H100: 128-row blocks, 8 warps, 3 stages (~130 KB of shared memory); two stages where less is available.
-    stages = 3 if _shared_memory(q.device) >= 160 * 1024 else 2
+    # H100: 128-row blocks, 8 warps, 3 stages (~130 KB of shared memory). Where less is available, 2 stages, and
+    # 64-row blocks below 128 KB (two stages of 128 rows need ~96 KB plus scratch: more than sm86/sm89 have).
+    smem = _shared_memory(q.device)
+    block_m = 128 if t > 64 and smem >= 128 * 1024 else 64
+    stages = 3 if smem >= 160 * 1024 else 2
     _prefill_kernel[(triton.cdiv(t, block_m), h)](
         q, k, v, limit, out, t, s, limit.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), out.stride(0), scale * LOG2E, G=h // kv, D=d, BLOCK_M=block_m, BLOCK_N=64,
