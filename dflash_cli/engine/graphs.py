@@ -156,16 +156,17 @@ class Graphs:
             pos = list(range(start, start + n)) if positions is None else list(positions)
             # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
             src = host_ids((list(ids) if on_host else []) + pos, self.device)
-        if step is None and n > MAX_ROWS:
-            if not self.prefill_capture_at_first_use and key not in self._prefills_seen:
+        if n > MAX_ROWS:  # a prefill: uncaptured on a size's first use, and at most prefill_graphs kept
+            if step is not None:
+                self.steps[key] = self.steps.pop(key)  # most recently used last; its inputs are staged below
+            elif not self.prefill_capture_at_first_use and key not in self._prefills_seen:
                 self._prefills_seen.add(key)
                 Totals.shapes += 1
                 inputs = src.to(self.device, non_blocking=True)
                 ids = inputs[:n] if on_host else ids
                 return self.fn(ids, inputs[n:] if on_host else inputs, *key[1:])
-            self._evict_prefills()
-        if step is not None and n > MAX_ROWS:
-            self.steps[key] = self.steps.pop(key)  # most recently used last; its inputs are staged below
+            else:
+                self._evict_prefills()
         if step is None:
             step = self.steps[key] = self._build(key, ids, src, on_host)
         elif on_host and step.inputs is not None:
