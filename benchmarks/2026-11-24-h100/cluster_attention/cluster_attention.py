@@ -13,8 +13,8 @@ import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))  # the checkout
-from dflash_cli.engine.kernels import attention, cuda_gemm  # noqa: E402
-from dflash_cli.engine.kernels.cuda_gemm import _LaunchAttribute, _LaunchConfig  # noqa: E402
+from dflash_cli.engine.kernels import attention, cubin  # noqa: E402
+from dflash_cli.engine.kernels.cubin import LaunchAttribute as _LaunchAttribute, _LaunchConfig  # noqa: E402
 
 LAYERS, H, KV, D = 36, 32, 8, 128
 SRC = os.path.join(_HERE, "cluster_attention.cu")  # a record beside this script, not part of the engine
@@ -25,7 +25,7 @@ class Cluster:
         from pathlib import Path
 
         major, minor = torch.cuda.get_device_capability()
-        image = cuda_gemm._build(Path(SRC), f"sm_{major}{minor}")
+        image = cubin.build(Path(SRC), f"sm_{major}{minor}", [])
         self.drv = ctypes.CDLL("libcuda.so.1")
         torch.cuda.synchronize()
         self.mod = ctypes.c_void_p()

@@ -1,31 +1,19 @@
-"""The hand-written skinny GEMM of csrc/skinny_gemm.cu: built with nvcc on first use, launched through the driver.
+"""The hand-written skinny GEMM of csrc/skinny_gemm.cu, built and launched through `cubin`.
 
-The kernel is compiled to a cubin for the GPU at hand and cached under
-~/.cache/dflash/kernels (keyed by source, architecture and nvcc), then loaded
-with the CUDA driver API through ctypes: no torch extension build, no Python
-headers. Launches go on torch's current stream, so they are captured into CUDA
-graphs like any other kernel. Where nvcc or a Hopper/Ampere GPU is missing,
-`available()` is False and callers keep cuBLAS.
+Where nvcc or a Hopper/Ampere GPU is missing, `available()` is False and callers keep cuBLAS.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
 from ...errors import DflashError
-from . import pdl
+from . import cubin, pdl
 
-# The source lives in the checkout's csrc/ (the README installs editable); a wheel without it keeps cuBLAS.
-_SOURCE_NAMES = (Path(__file__).resolve().parents[3] / "csrc" / "skinny_gemm.cu",)
 WS_FLOATS = 1 << 22  # split-K partial tiles: splits * 32 * N floats must fit (at most 32 per 8 rows of W)
 MAX_TILES = 1 << 15  # split-K arrival counters: one per 8-row tile
 MAX_M = 16
@@ -33,92 +21,20 @@ MAX_M = 16
 _state: dict = {}  # device index -> _Module, or the reason it is unavailable (str)
 
 
-def _source() -> Path | None:
-    return next((p for p in _SOURCE_NAMES if p.is_file()), None)
+class _Module(cubin.Module):
+    """The GEMM's cubin with its split-K workspace; launches use programmatic dependent launch where enabled."""
 
-
-def _nvcc() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    return None
-
-
-def _build(src: Path, arch: str) -> bytes:
-    nvcc = _nvcc()
-    if nvcc is None:
-        raise RuntimeError("nvcc not found")
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    flags = os.environ.get("DFLASH_GEMM_NVCC_FLAGS", "").split()  # comparisons: e.g. -DWIDE_TILE8=0
-    key = hashlib.sha256(src.read_bytes() + arch.encode() + version.encode() + " ".join(flags).encode())
-    key = key.hexdigest()[:16]
-    cache = Path(os.environ.get("DFLASH_KERNEL_CACHE", Path.home() / ".cache" / "dflash" / "kernels"))
-    cubin = cache / f"{src.stem}-{arch}-{key}.cubin"
-    if not cubin.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            out = Path(tmp) / "k.cubin"
-            subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", *flags, "-o", str(out), str(src)],
-                           capture_output=True, text=True, check=True)
-            os.replace(out, cubin)  # atomic: a concurrent build never leaves half a file
-    return cubin.read_bytes()
-
-
-class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id and a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-class _Module:
     def __init__(self, device: torch.device, image: bytes):
-        self.driver = ctypes.CDLL("libcuda.so.1")
-        self.pdl = pdl.enabled(device)
-        self.attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION, 0)
-        self.attr.value[0] = 1
-        torch.cuda.synchronize(device)  # the primary context is current on this thread
-        self.module = ctypes.c_void_p()
-        self._check(self.driver.cuModuleLoadData(ctypes.byref(self.module), image), "cuModuleLoadData")
-        self.functions: dict[str, ctypes.c_void_p] = {}
+        super().__init__(device, image)
+        self.attrs = (cubin.attribute(cubin.PROGRAMMATIC_STREAM_SERIALIZATION),) if pdl.enabled(device) else ()
         self.ws = torch.empty(WS_FLOATS, dtype=torch.float32, device=device)
         self.counters = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
 
-    def _check(self, code: int, what: str) -> None:
-        if code != 0:
-            raise RuntimeError(f"{what} failed with CUDA driver error {code}")
-
-    def function(self, name: str) -> ctypes.c_void_p:
-        if name not in self.functions:
-            fn = ctypes.c_void_p()
-            self._check(self.driver.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()), name)
-            self.functions[name] = fn
-        return self.functions[name]
-
     def launch(self, name: str, grid: tuple[int, int], block: int, smem: int, args: list) -> None:
-        values = [ctypes.c_void_p(a) if isinstance(a, _Ptr) else ctypes.c_float(a) if isinstance(a, float)
-                  else ctypes.c_int(a) for a in args]
-        params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        if self.pdl:
-            cfg = _LaunchConfig((grid[0], grid[1], 1), (block, 1, 1), smem, stream, ctypes.pointer(self.attr), 1)
-            code = self.driver.cuLaunchKernelEx(ctypes.byref(cfg), self.function(name), params, None)
-        else:
-            code = self.driver.cuLaunchKernel(self.function(name), grid[0], grid[1], 1, block, 1, 1, smem, stream,
-                                              params, None)
-        self._check(code, f"launch of {name}")
+        super().launch(name, grid, block, smem, args, self.attrs)
 
 
-class _Ptr(int):
-    """A device address argument (the others are ints)."""
+_Ptr = cubin.Ptr
 
 
 def _module(device: torch.device) -> _Module | None:
@@ -129,11 +45,12 @@ def _module(device: torch.device) -> _Module | None:
             major, minor = torch.cuda.get_device_capability(index)
             if major < 8:
                 raise RuntimeError("needs compute capability 8.0 or newer (bf16 mma)")
-            src = _source()
+            src = cubin.source("skinny_gemm.cu")
             if src is None:
                 raise RuntimeError("csrc/skinny_gemm.cu not found")
+            flags = os.environ.get("DFLASH_GEMM_NVCC_FLAGS", "").split()  # comparisons: e.g. -DWIDE_TILE8=0
             with torch.cuda.device(index):
-                state = _Module(torch.device("cuda", index), _build(src, f"sm_{major}{minor}"))
+                state = _Module(torch.device("cuda", index), cubin.build(src, f"sm_{major}{minor}", flags))
         except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
             state = f"skinny GEMM unavailable: {exc}"
         _state[index] = state
