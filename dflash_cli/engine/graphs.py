@@ -248,7 +248,17 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     """Decode steps and verify spans of the target: extra key = (capture, all_logits, accept); with accept the
     greedy verdict on the rows (ops.greedy_verdict) is part of the graph."""
 
+    # A one-token step with no captured states runs as the model's persistent kernel where it has one (built on
+    # first use: the first capture pays its compile). It reads the cache up to the position, whatever the window.
+    decode = []
+
     def fn(ids, positions, window, capture, all_logits, accept=False):
+        if len(ids) == 1 and not capture and model.device.type == "cuda":
+            if not decode:
+                make = getattr(model, "decode_kernel", None)
+                decode.append(make(cache) if make is not None else None)
+            if decode[0] is not None:
+                return with_verdict(decode[0](ids, positions), ids, accept)
         return with_verdict(model.forward_static(ids, positions, cache, window, capture, all_logits), ids, accept)
 
     graphs = Graphs(fn, model.device, cache.max_len, use_graphs)
