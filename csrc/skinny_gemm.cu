@@ -71,9 +71,32 @@ namespace {
 #define PRE_DEPTH 2
 #endif
 
-// One 16-byte load of W with the L1 policy above and the L2 block suffix HINT (a string: "" or ".L2::128B", ...).
+// L2 policy of the weight loads: evict-first (L2_POLICY 1: read once per step, they then leave L2 before the
+// activations, the KV cache and the next weight's warmed rows) or none (0, the default). Worth 8% to the
+// megakernel's bulk copies, but neutral here: H100 graph replays, ms, none / evict-first
+// (benchmarks/2026-11-25-h100/l2_policy/): decode 3.160-3.161 / 3.162-3.164, verify 16 rows 3.447-3.455 /
+// 3.447-3.452, ctx 8192 3.683 / 3.678-3.683, DFlash draft 0.736-0.738 / 0.729-0.731. Comparisons:
+// DFLASH_GEMM_NVCC_FLAGS=-DL2_POLICY=n.
+#ifndef L2_POLICY
+#define L2_POLICY 0
+#endif
+
+// One 16-byte load of W with the L1 policy above, the L2 policy and the L2 block suffix HINT (a string: "" or
+// ".L2::128B", ...).
+#if L2_POLICY
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));  // pure: hoisted and shared
+  return policy;
+}
+#define LOAD_W(v, p, HINT)                                                                               \
+  asm volatile(LD_W ".L2::cache_hint" HINT ".v4.u32 {%0, %1, %2, %3}, [%4], %5;"                       \
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)                                             \
+               : "l"(p), "l"(l2_evict_first()))
+#else
 #define LOAD_W(v, p, HINT) \
   asm volatile(LD_W HINT ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p))
+#endif
 
 template <int BLOCK>
 __device__ __forceinline__ uint4 load_stream(const void* p) {
