@@ -10,13 +10,14 @@
 // gate/up, down, the head) waits behind a grid-wide barrier, while the ring holds the next phases' weights.
 //
 // Status (benchmarks/2026-11-25-h100/megakernel/): correct (as close to float32 as the kernel-per-op step), but
-// slower: 4.09-4.16 ms against 3.15 ms at ctx 1024 on the H100, so it is opt-in (DFLASH_MEGAKERNEL=1). Its trace
+// slower: 3.60 ms against 3.15 ms at ctx 1024 on the H100, so it is opt-in (DFLASH_MEGAKERNEL=1). Its trace
 // (DecodeStep(trace=True)) puts the loss in the chain between products: the ring (160 KB, 7 us of an SM's share
-// of HBM) covers less than the ~27 us a layer spends beyond its bytes' time in grid barriers (19 us: ~1.1 us to
-// release, 1-3 us of arrival skew), attention and merge (L2 round trips of 2.7-3.6 us after each barrier).
-// Tried and measured worse or no better: an L2 prefetch warp running ahead of the producer, holding o's weights
-// until attention or the merge is done, an arrival per warp, a flag per block; fewer copies in flight
-// (INFLIGHT=2) gained 4%, every load of a phase issued at once (attention, merge, residuals) 11%.
+// of HBM) covers less than the ~24 us a layer spends beyond its bytes' time in grid barriers (~1.1 us each to
+// release, 1-3 us of arrival skew), attention and merge (2.7-3.9 us for the first loads after each barrier, cause
+// open). Tried and measured worse or no better: an L2 prefetch warp running ahead of the producer, holding o's
+// weights until attention or the merge is done, an arrival per warp, a flag per block, scratch in one allocation;
+// fewer copies in flight (INFLIGHT=2) gained 4%, every load of a phase issued at once 11%, the merge's loads in
+// groups of 8 another 4%.
 //
 // Phases of layer l (every SM): QKV  x = rms_norm(h) (weight folded into W), its tiles of [q; k; v] = x @ Wqkv^T
 //                                ATTN its range of cache positions for every head (online softmax, exp2), the
@@ -53,6 +54,10 @@ constexpr int KINDS = 4;                 // a layer's products: qkv, o, gate_up,
 constexpr int QKV = 0, O = 1, GU = 2, DOWN = 3, HEAD = 4;
 constexpr int MAX_ROWS = 4;              // weight rows of a tile
 constexpr int MERGE_SPLITS = 24;         // ranges per merge warp: up to NCW * 24 SMs
+#ifndef MERGE_UNROLL
+#define MERGE_UNROLL 8  // the merge's loads in flight at once, per group (divides MERGE_SPLITS): 3.545 ms a step
+                       // against 3.695 with 24 (all at once), 3.560 with 4 (megakernel/merge_unroll.log)
+#endif
 constexpr long long SPIN_LIMIT = 1ll << 22;  // a wait this long is a stall: reported, and every wait gives up
 constexpr int STALL_POLL = 1024;             // waits look for a reported stall this often
 
@@ -472,7 +477,6 @@ __device__ __forceinline__ void dot_tile(int rows, const unsigned char* slot, co
   switch (rows) {
     case 1: dot_rows<1>(slot, xs, kp, acc); break;
     case 2: dot_rows<2>(slot, xs, kp, acc); break;
-    case 3: dot_rows<3>(slot, xs, kp, acc); break;
     default: dot_rows<4>(slot, xs, kp, acc); break;
   }
 }
@@ -564,8 +568,7 @@ struct Consumer {
                 __ldg(reinterpret_cast<const float4*>(sn)), __ldg(reinterpret_cast<const float4*>(sn + 64))};
   }
 
-  __device__ __forceinline__ void norm_rope(uint2 a, uint2 b, uint2 wa, uint2 wb, const Rope& rr,
-                                            float (&out)[8]) const {
+  __device__ __forceinline__ void norm_rope(uint2 a, uint2 b, uint2 wa, uint2 wb, const Rope& rr, float* out) const {
     float lo[4], hi[4], wl[4], wh[4];
     unpack4(a, lo);
     unpack4(b, hi);
@@ -601,7 +604,7 @@ struct Consumer {
       qa[g] = ld_l2_8(p.qkv + (kh * GQA + g) * HD + dg * 4);
       qb[g] = ld_l2_8(p.qkv + (kh * GQA + g) * HD + 64 + dg * 4);
     }
-    if (fresh) {
+    {  // every SM (no shuffles under a branch): only the last uses them
       const bf16* ksrc = p.qkv + (p.heads + kh) * HD;
       const bf16* vsrc = p.qkv + (p.heads + KV_HEADS + kh) * HD;
       ka = ld_l2_8(ksrc + dg * 4), kb = ld_l2_8(ksrc + 64 + dg * 4);
@@ -616,11 +619,12 @@ struct Consumer {
       const Rope rr = rope_at(dg);
 #pragma unroll
       for (int g = 0; g < GQA; ++g) {
-        norm_rope(qa[g], qb[g], wqa, wqb, rr, q[g]);
+        float t[8];
+        norm_rope(qa[g], qb[g], wqa, wqb, rr, t);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) q[g][i] *= p.qk_scale;
+        for (int i = 0; i < 8; ++i) q[g][i] = t[i] * p.qk_scale;
       }
-      if (fresh) norm_rope(ka, kb, wka, wkb, rr, kf);
+      norm_rope(ka, kb, wka, wkb, rr, kf);
     }
     mark(4, t);
     float m[GQA], sum[GQA], acc[GQA][8];
@@ -681,6 +685,8 @@ struct Consumer {
       ring.release(seq++, 1);
       ring.release(seq++, 1);
     }
+    float dk[GQA];  // the fresh key's scores (every SM: no shuffles under a branch)
+    scores(q, kf, dk);
     if (fresh) {
       // The fresh key and value at pos: into the cache for later steps, and attended here from registers.
       float vf[8];
@@ -699,8 +705,6 @@ struct Consumer {
         *reinterpret_cast<uint2*>(p.v_cache + at + dg * 4) = vlo;
         *reinterpret_cast<uint2*>(p.v_cache + at + 64 + dg * 4) = vhi;
       }
-      float dk[GQA];
-      scores(q, kf, dk);
 #pragma unroll
       for (int g = 0; g < GQA; ++g) {
         const float d = dk[g];
@@ -752,25 +756,34 @@ struct Consumer {
     unsigned long long t = p.trace ? now_ns() : 0;
     for (int sl = blockIdx.x; sl < slices; sl += gridDim.x) {
       const int head = sl / (HD / 32), d = (sl % (HD / 32)) * 32 + lane;
-      float2 ml[MERGE_SPLITS];
-      float o[MERGE_SPLITS];
+      // Groups of MERGE_UNROLL splits, each group's loads in flight at once, merged online.
+      float mx = -INFINITY, sum = 0.f, out = 0.f;
+#pragma unroll 1
+      for (int i0 = 0; i0 < MERGE_SPLITS; i0 += MERGE_UNROLL) {
+        float2 ml[MERGE_UNROLL];
+        float o[MERGE_UNROLL];
 #pragma unroll
-      for (int i = 0; i < MERGE_SPLITS; ++i) {  // unconditional (clamped) loads: all in flight at once
-        const int s = min(warp + i * NCW, S - 1);
-        ml[i] = __ldcg(reinterpret_cast<const float2*>(p.part_ml + ((size_t)s * p.heads + head) * 2));
-        o[i] = __ldcg(p.part_o + ((size_t)s * p.heads + head) * HD + d);
-      }
-      float mx = -INFINITY;
+        for (int u = 0; u < MERGE_UNROLL; ++u) {  // unconditional (clamped) loads
+          const int s = min(warp + (i0 + u) * NCW, S - 1);
+          ml[u] = __ldcg(reinterpret_cast<const float2*>(p.part_ml + ((size_t)s * p.heads + head) * 2));
+          o[u] = __ldcg(p.part_o + ((size_t)s * p.heads + head) * HD + d);
+        }
+        float gm = mx;
 #pragma unroll
-      for (int i = 0; i < MERGE_SPLITS; ++i)
-        if (warp + i * NCW < S) mx = fmaxf(mx, ml[i].x);
-      float sum = 0.f, out = 0.f;
+        for (int u = 0; u < MERGE_UNROLL; ++u)
+          if (warp + (i0 + u) * NCW < S) gm = fmaxf(gm, ml[u].x);
+        if (gm == -INFINITY) continue;
+        const float r = mx == -INFINITY ? 0.f : exp2f(mx - gm);
+        sum *= r;
+        out *= r;
+        mx = gm;
 #pragma unroll
-      for (int i = 0; i < MERGE_SPLITS; ++i) {
-        if (warp + i * NCW >= S || ml[i].x == -INFINITY) continue;
-        const float f = exp2f(ml[i].x - mx);
-        sum = fmaf(ml[i].y, f, sum);
-        out = fmaf(o[i], f, out);
+        for (int u = 0; u < MERGE_UNROLL; ++u) {
+          if (warp + (i0 + u) * NCW >= S || ml[u].x == -INFINITY) continue;
+          const float f = exp2f(ml[u].x - mx);
+          sum = fmaf(ml[u].y, f, sum);
+          out = fmaf(o[u], f, out);
+        }
       }
       rm[warp * 32 + lane] = mx;
       rs[warp * 32 + lane] = sum;

@@ -29,7 +29,7 @@ MAX_ROWS = 4  # weight rows of a tile
 MERGE_SMS = 8 * 24  # the merge reads at most this many SMs' partial states
 EXTRA_BYTES = 3 * 8 * 32 * 4  # the consumers' reduction scratch, after the ring's barriers
 QKV, O, GU, DOWN, HEAD = range(5)
-# Opt-in: on the H100 it is slower than the kernel-per-op step (3.65 against 3.15 ms at ctx 1024,
+# Opt-in: on the H100 it is slower than the kernel-per-op step (3.60 against 3.15 ms at ctx 1024,
 # benchmarks/2026-11-25-h100/megakernel/): the graphed decode step uses it only with DFLASH_MEGAKERNEL=1.
 ENABLED = os.environ.get("DFLASH_MEGAKERNEL", "0") == "1"
 
@@ -40,7 +40,9 @@ def tile_rows(k: int, n: int, gated: bool = False) -> int | None:
     up rows (n: the activations). None where a row (or a gate/up pair) does not fit a slot."""
     if k % 8:  # rows are copied in 16-byte vectors
         return None
-    for rows in range(min(MAX_ROWS, SLOT // (2 * k)), 0, -1):
+    for rows in (4, 2, 1):  # the kernel's tile shapes (one copy of the product's code each)
+        if rows > min(MAX_ROWS, SLOT // (2 * k)):
+            continue
         if (not gated or rows % 2 == 0) and n % (rows // 2 if gated else rows) == 0:
             return rows
     return None
