@@ -98,7 +98,8 @@ struct Params {
   float* part_o;      // [SMs, H, HD] a range's unnormalised output
   float* part_ml;     // [SMs, H, 2] its running max (log2 units) and sum
   unsigned* counters; // [0] grid barrier arrivals, [1] exits (both back to 0 at the end), [2..6] a stall: what
-                      // waited (1 slot data, 2 free slot, 3 grid barrier, 4 the producer, 6 a hold), block, thread, sequence,
+                      // waited (1 slot data, 2 free slot, 3 grid barrier, 5 a landed slot: the producer's
+                      // in-flight limit), block, thread, sequence,
                       // target
   const int* tiles;   // [layers * KINDS + 1][SMs + 1] first tile of each SM, per product in step order
   Product prod[KINDS + 1];
@@ -530,7 +531,8 @@ struct Consumer {
       if (kind == GU) {  // gate rows then up rows: half is 1 or 2 (constant indices keep acc in registers)
         bf16* act = static_cast<bf16*>(out);
         if (pr.rows == 4) {
-          if (lane < 2) act[tile * 2 + lane] = __float2bfloat16_rn(silu_mul(lane ? acc[1] : acc[0], lane ? acc[3] : acc[2]));
+          if (lane < 2)
+            act[tile * 2 + lane] = __float2bfloat16_rn(silu_mul(lane ? acc[1] : acc[0], lane ? acc[3] : acc[2]));
         } else if (lane == 0) {
           act[tile] = __float2bfloat16_rn(silu_mul(acc[0], acc[1]));
         }
@@ -579,8 +581,10 @@ struct Consumer {
     for (int i = 0; i < 4; ++i) ss = fmaf(lo[i], lo[i], fmaf(hi[i], hi[i], ss));
     ss = group_sum(ss);
     const float r = 1.f / sqrtf(ss / HD + p.eps);
-    const float cl[4] = {rr.c_lo.x, rr.c_lo.y, rr.c_lo.z, rr.c_lo.w}, ch[4] = {rr.c_hi.x, rr.c_hi.y, rr.c_hi.z, rr.c_hi.w};
-    const float sl[4] = {rr.s_lo.x, rr.s_lo.y, rr.s_lo.z, rr.s_lo.w}, sh[4] = {rr.s_hi.x, rr.s_hi.y, rr.s_hi.z, rr.s_hi.w};
+    const float cl[4] = {rr.c_lo.x, rr.c_lo.y, rr.c_lo.z, rr.c_lo.w};
+    const float ch[4] = {rr.c_hi.x, rr.c_hi.y, rr.c_hi.z, rr.c_hi.w};
+    const float sl[4] = {rr.s_lo.x, rr.s_lo.y, rr.s_lo.z, rr.s_lo.w};
+    const float sh[4] = {rr.s_hi.x, rr.s_hi.y, rr.s_hi.z, rr.s_hi.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float y = rb(rb(lo[i] * r) * wl[i]), yp = rb(rb(hi[i] * r) * wh[i]);

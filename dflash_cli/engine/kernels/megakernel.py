@@ -2,9 +2,9 @@
 
 Each SM runs one block for the whole step: a producer warp streams the SM's share of every weight and of the KV
 cache into a ring of shared-memory slots, consumer warps compute behind grid-wide barriers (the kernel's header
-says why and how). This module cuts each product into tiles of whole rows that fit a slot (`tile_rows`), shares the tiles out
-so every SM streams the same bytes (`balance`, pure Python: tested on CPU), and launches the kernel with its
-parameters, scratch buffers and tables.
+says why and how). This module cuts each product into tiles of whole rows that fit a slot (`tile_rows`), shares
+the tiles out so every SM streams the same bytes (`balance`, pure Python: tested on CPU), and launches the kernel
+with its parameters, scratch buffers and tables.
 
 Only Hopper (sm_90) runs it, for bf16 Qwen3 targets with 128-dim heads, 8 KV heads and 4 query heads per KV head
 whose weight rows fit a slot (Qwen3-4B; not -8B, whose down rows are 24 KB); elsewhere `decode_step` is None and
@@ -190,7 +190,7 @@ class DecodeStep:
         what, block, thread, seq, target = self.counters[2:7].tolist()
         if what == 0:
             return None
-        kind = {1: "slot data", 2: "a free slot", 3: "the grid barrier"}.get(what, str(what))
+        kind = {1: "slot data", 2: "a free slot", 3: "the grid barrier", 5: "a landed slot"}.get(what, str(what))
         return f"block {block} thread {thread} waited for {kind} (sequence {seq}, target {target})"
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
