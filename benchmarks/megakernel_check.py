@@ -86,9 +86,9 @@ def main():
     ref_cache, mk_cache, cache32 = model.new_cache(MAX_LEN), model.new_cache(MAX_LEN), ref32.new_cache(MAX_LEN)
     t0 = time.perf_counter()
     step = megakernel.decode_step(model, mk_cache)
-    print(f"build+load {time.perf_counter() - t0:.1f} s; unavailable: {megakernel.reason(model)}")
-    if step is None:
-        sys.exit(1)
+    if isinstance(step, str):
+        sys.exit(step)
+    print(f"build+load {time.perf_counter() - t0:.1f} s")
     print(f"SMs {step.sms}, smem {step.smem} B, tile rows {step.shapes}")
 
     def ref(ids, pos, cache, p=None):  # p: the position (read from pos where not given: not while capturing)

@@ -15,8 +15,8 @@ from dflash_cli.synthetic import random_qwen3  # noqa: E402
 model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
 cache = model.new_cache(2048)
 step = megakernel.decode_step(model, cache)
-if step is None:
-    sys.exit(megakernel.reason(model))
+if isinstance(step, str):
+    sys.exit(step)
 ids, pos = torch.tensor([5], device="cuda"), torch.tensor([1024], device="cuda")
 for _ in range(5):
     step(ids, pos)

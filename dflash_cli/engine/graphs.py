@@ -253,7 +253,7 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     decode = []
 
     def fn(ids, positions, window, capture, all_logits, accept=False):
-        if len(ids) == 1 and not capture and model.device.type == "cuda":
+        if len(ids) == 1 and not capture:
             if not decode:
                 make = getattr(model, "decode_kernel", None)
                 decode.append(make(cache) if make is not None else None)

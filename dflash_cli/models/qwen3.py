@@ -87,11 +87,13 @@ class Qwen3Model:
     def decode_kernel(self, cache: KVCache):
         """The whole one-token step over `cache` as one persistent kernel (engine/kernels/megakernel.py):
         callable(ids, positions) -> ForwardOut with the logits and no captured states; None where it cannot run
-        (off unless DFLASH_MEGAKERNEL=1; off Hopper or other shapes: `megakernel.reason` says why)."""
+        (off unless DFLASH_MEGAKERNEL=1; off Hopper or other shapes: `megakernel.decode_step` says why)."""
         if not megakernel.ENABLED:
             return None
         step = megakernel.decode_step(self, cache)
-        return None if step is None else lambda ids, positions: ForwardOut(logits=step(ids, positions), hidden=None)
+        if isinstance(step, str):
+            return None
+        return lambda ids, positions: ForwardOut(logits=step(ids, positions), hidden=None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return ops.logits(ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps), self.lm_head)

@@ -19,8 +19,8 @@ def test_megakernel_matches_static_forward_at_edge_positions():
     model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
     ref_cache, mk_cache = model.new_cache(4096), model.new_cache(4096)
     step = megakernel.decode_step(model, mk_cache)
-    if step is None:
-        pytest.skip(megakernel.reason(model))
+    if isinstance(step, str):
+        pytest.skip(step)
     torch.manual_seed(7)
     ref_cache.k.normal_(), ref_cache.v.normal_()
     mk_cache.k.copy_(ref_cache.k), mk_cache.v.copy_(ref_cache.v)

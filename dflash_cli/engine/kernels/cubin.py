@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -62,6 +63,39 @@ def build(src: Path, arch: str, flags: list[str]) -> bytes:
                            capture_output=True, text=True, check=True)
             os.replace(out, cubin)  # atomic: a concurrent build never leaves half a file
     return cubin.read_bytes()
+
+
+_loaded: dict = {}  # (source name, device index) -> Module, or why there is none (str)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def load(name: str, device: torch.device, arch: Callable[[int, int], str], flags_env: str, what: str,
+         make: Callable[[torch.device, bytes], Module] | None = None) -> Module | str:
+    """csrc/`name` loaded on `device` (once per device), or why it cannot be (a str starting with `what`).
+    arch(major, minor): the target (e.g. sm_90a), or RuntimeError where this GPU cannot run the kernel;
+    flags_env: the environment variable with extra nvcc flags (comparisons); make: the Module subclass to build."""
+    key = (name, _index(device))
+    if key not in _loaded:
+        try:
+            major, minor = torch.cuda.get_device_capability(key[1])
+            target = arch(major, minor)
+            src = source(name)
+            if src is None:
+                raise RuntimeError(f"csrc/{name} not found")
+            flags = os.environ.get(flags_env, "").split()
+            with torch.cuda.device(key[1]):
+                _loaded[key] = (make or Module)(torch.device("cuda", key[1]), build(src, target, flags))
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+            _loaded[key] = f"{what} unavailable: {exc}"
+    return _loaded[key]
+
+
+def tried(name: str, device: torch.device) -> Module | str | None:
+    """What `load` gave for csrc/`name` on `device` (None: not tried yet)."""
+    return _loaded.get((name, _index(device)))
 
 
 class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id and a 64-byte value union

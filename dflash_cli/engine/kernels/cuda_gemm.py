@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import torch
 
 from ...errors import DflashError
 from . import cubin, pdl
+from .cubin import Ptr
 
 WS_FLOATS = 1 << 22  # split-K partial tiles: splits * 32 * N floats must fit (at most 32 per 8 rows of W)
 MAX_TILES = 1 << 15  # split-K arrival counters: one per 8-row tile
 MAX_M = 16
-
-_state: dict = {}  # device index -> _Module, or the reason it is unavailable (str)
 
 
 class _Module(cubin.Module):
@@ -34,26 +32,15 @@ class _Module(cubin.Module):
         super().launch(name, grid, block, smem, args, self.attrs)
 
 
-_Ptr = cubin.Ptr
+def _arch(major: int, minor: int) -> str:
+    if major < 8:
+        raise RuntimeError("needs compute capability 8.0 or newer (bf16 mma)")
+    return f"sm_{major}{minor}"
 
 
 def _module(device: torch.device) -> _Module | None:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    state = _state.get(index)
-    if state is None:
-        try:
-            major, minor = torch.cuda.get_device_capability(index)
-            if major < 8:
-                raise RuntimeError("needs compute capability 8.0 or newer (bf16 mma)")
-            src = cubin.source("skinny_gemm.cu")
-            if src is None:
-                raise RuntimeError("csrc/skinny_gemm.cu not found")
-            flags = os.environ.get("DFLASH_GEMM_NVCC_FLAGS", "").split()  # comparisons: e.g. -DWIDE_TILE8=0
-            with torch.cuda.device(index):
-                state = _Module(torch.device("cuda", index), cubin.build(src, f"sm_{major}{minor}", flags))
-        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
-            state = f"skinny GEMM unavailable: {exc}"
-        _state[index] = state
+    # DFLASH_GEMM_NVCC_FLAGS: comparisons, e.g. -DWIDE_TILE8=0
+    state = cubin.load("skinny_gemm.cu", device, _arch, "DFLASH_GEMM_NVCC_FLAGS", "skinny GEMM", _Module)
     return state if isinstance(state, _Module) else None
 
 
@@ -155,11 +142,11 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
         raise ValueError(f"the kernel warms at most two ranges, got {len(warm)}")
     (a, a_bytes), (b, b_bytes) = (tuple(warm) + ((0, 0), (0, 0)))[:2]
     mod.launch(name, grid, warps * 32, warps * 32 * floats * 4,
-               [_Ptr(x.data_ptr()), _Ptr(w.data_ptr()), _Ptr(out.data_ptr()), _Ptr(mod.ws.data_ptr()),
-                _Ptr(mod.counters.data_ptr()), m, n, k, _Ptr(a), a_bytes, _Ptr(b), b_bytes, _Ptr(aux), eps])
+               [Ptr(x.data_ptr()), Ptr(w.data_ptr()), Ptr(out.data_ptr()), Ptr(mod.ws.data_ptr()),
+                Ptr(mod.counters.data_ptr()), m, n, k, Ptr(a), a_bytes, Ptr(b), b_bytes, Ptr(aux), eps])
     return out
 
 
 def unavailable_reason(device: torch.device) -> str | None:
-    state = _state.get(device.index if device.index is not None else 0)
+    state = cubin.tried("skinny_gemm.cu", device)
     return state if isinstance(state, str) else None

@@ -7,7 +7,7 @@ the tiles out so every SM streams the same bytes (`balance`, pure Python: tested
 with its parameters, scratch buffers and tables.
 
 Only Hopper (sm_90) runs it, for bf16 Qwen3 targets with 128-dim heads, 8 KV heads and 4 query heads per KV head
-whose weight rows fit a slot (Qwen3-4B; not -8B, whose down rows are 24 KB); elsewhere `decode_step` is None and
+whose weight rows fit a slot (Qwen3-4B; not -8B, whose down rows are 24 KB); elsewhere `decode_step` says why not and
 the step keeps its kernel-per-op forward. It is an experiment, off unless DFLASH_MEGAKERNEL=1 (`ENABLED`).
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 
 import torch
 
@@ -79,25 +78,15 @@ class _Params(ctypes.Structure):  # Params in csrc/megakernel.cu, field for fiel
         ("eps", ctypes.c_float), ("qk_scale", ctypes.c_float), ("trace", ctypes.c_void_p)]
 
 
-_modules: dict = {}  # device index -> cubin.Module, or why there is none (str)
+def _arch(major: int, minor: int) -> str:
+    if major != 9:
+        raise RuntimeError(f"built for Hopper (sm_90), not sm_{major}{minor}")
+    return "sm_90a"
 
 
-def _module(device: torch.device):
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _modules:
-        try:
-            major, minor = torch.cuda.get_device_capability(index)
-            if major != 9:
-                raise RuntimeError(f"built for Hopper (sm_90), not sm_{major}{minor}")
-            src = cubin.source("megakernel.cu")
-            if src is None:
-                raise RuntimeError("csrc/megakernel.cu not found")
-            flags = os.environ.get("DFLASH_MEGAKERNEL_NVCC_FLAGS", "").split()  # comparisons: -DEVICT_FIRST=0
-            with torch.cuda.device(index):
-                _modules[index] = cubin.Module(torch.device("cuda", index), cubin.build(src, "sm_90a", flags))
-        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
-            _modules[index] = f"megakernel unavailable: {exc}"
-    return _modules[index]
+def _module(device: torch.device) -> cubin.Module | str:
+    # DFLASH_MEGAKERNEL_NVCC_FLAGS: comparisons, e.g. -DEVICT_FIRST=0
+    return cubin.load("megakernel.cu", device, _arch, "DFLASH_MEGAKERNEL_NVCC_FLAGS", "megakernel")
 
 
 def unsupported(model) -> str | None:
@@ -203,25 +192,15 @@ class DecodeStep:
         return logits
 
 
-def decode_step(model, cache) -> DecodeStep | None:
-    """The megakernel for this model and cache, or None where it cannot run (`reason` says why)."""
+def decode_step(model, cache) -> DecodeStep | str:
+    """The megakernel for this model and cache, or why it cannot run here (a str)."""
     why = unsupported(model)
-    if why is None:
-        mod = _module(model.device)
-        if isinstance(mod, str):
-            why = mod
-        else:
-            try:
-                return DecodeStep(model, cache, mod)
-            except RuntimeError as exc:
-                why = f"megakernel unavailable: {exc}"
-    _reasons[id(model)] = why
-    return None
-
-
-_reasons: dict = {}
-
-
-def reason(model) -> str | None:
-    """Why the last `decode_step` for this model returned None."""
-    return _reasons.get(id(model))
+    if why is not None:
+        return why
+    mod = _module(model.device)
+    if isinstance(mod, str):
+        return mod
+    try:
+        return DecodeStep(model, cache, mod)
+    except RuntimeError as exc:
+        return f"megakernel unavailable: {exc}"
