@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine import ops
+from ..engine.switches import env_number
 from ..loading.config import Qwen3Config
 
 
@@ -85,6 +86,17 @@ def mlp_rows(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(layer.gate_up.chunk(2))
 
 
+# Windows of more keys than this warm the layer's first cached keys and values into L2 from the qkv product
+# (the L2 warm-up's 4 MB: 1024 positions of Qwen3-4B's keys and values) instead of the o projection's rows. H100
+# graph replays, ms, o's rows -> keys and values (benchmarks/2026-11-25-h100/kv_warm/): decode at ctx 8192 (window
+# 8448) 3.680/3.683 -> 3.638/3.636, verify 8 rows there 3.826/3.832 -> 3.790/3.787, decode at ctx 16384 4.245/4.251
+# -> 4.219/4.217; bench at ctx 8192 plain 3.67 -> 3.63 ms a token, DFlash 1121 -> 1133 tok/s. Shorter windows lose:
+# verify 8 rows at ctx 4096 (window 4352) 3.567/3.568 -> 3.601/3.592, decode at ctx 2048 (window 4096) 3.232 ->
+# 3.242, at ctx 1024 3.160 -> 3.190. 8 or 16 MB of keys, or warming them from the previous layer's down product,
+# did no better. DFLASH_KV_WARM_WINDOW sets the threshold.
+KV_WARM_WINDOW = env_number("DFLASH_KV_WARM_WINDOW", 6144, int)
+
+
 def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, span, scale: float,
                final_norm: torch.Tensor | None, read_after: torch.Tensor, capture=()):
     """The layers over the residual stream h [T, hidden] (the embeddings) -> (h after the last layer, its
@@ -130,10 +142,19 @@ def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span,
         q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin, norm)
         return span.attend(index, q, k, v, scale)
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o, norm=norm).split([nh * d, nkv * d, nkv * d],
-                                                                                      dim=-1)
+    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias, then=read_after_qkv(layer, span, index),
+                         norm=norm).split([nh * d, nkv * d, nkv * d], dim=-1)
     return fused(index, q.reshape(-1, nh, d), k.reshape(-1, nkv, d), v.reshape(-1, nkv, d), layer.q_norm,
                  layer.k_norm, cfg.rms_norm_eps, scale)
+
+
+def read_after_qkv(layer: DecoderLayer, span, index: int):
+    """What the qkv product warms into L2 after its own loads (ops.linear's `then`): the o projection's first rows,
+    or over a window of more than KV_WARM_WINDOW keys the first rows of the layer's cached keys and values, which
+    the attention reads next (see KV_WARM_WINDOW)."""
+    if getattr(span, "window", 0) > KV_WARM_WINDOW:
+        return span.cache.k[index], span.cache.v[index]
+    return layer.o
 
 
 def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos, sin, norm: float | None = None):
