@@ -181,9 +181,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     base = (kvh * NSPLIT + sp) * ROWS
-    tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc)
-    tl.store(part_ml + (base + r) * 2, m_i)
-    tl.store(part_ml + (base + r) * 2 + 1, l_i)
+    # The real rows only (the merge never reads the others): a decode row is 4 of a block's 16, and storing all 16
+    # cost the H100 decode step at ctx 8192 about 1 us a layer (graph replays 3.636-3.639 -> 3.597-3.605 ms,
+    # benchmarks/2026-11-25-h100/split_stores/).
+    tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc, mask=rmask[:, None])
+    tl.store(part_ml + (base + r) * 2, m_i, mask=rmask)
+    tl.store(part_ml + (base + r) * 2 + 1, l_i, mask=rmask)
 
 
 @triton.jit
