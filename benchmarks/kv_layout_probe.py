@@ -5,7 +5,8 @@ apart. Head-major [layers, kv_heads, positions, head_dim] gives each program one
 merge kernels take either through their strides; this times both (36 layers' own caches in one CUDA graph, as
 attention_sweep.py does), checked against the torch reference first, and a plain streaming read for the ceiling.
 Env: LENGTHS (visible keys), WINDOWS (window per length; default the graph's power of two), SETTINGS as in
-attention_sweep.py ("programs/block_s/warps/stages").
+attention_sweep.py ("programs/block_s/warps/stages", for one row; 16-row spans take attention.SPAN_PROGRAMS and
+SPAN_MIN_SPLIT, and kv_layout/probe.log labels them with the first setting).
 """
 
 import os
@@ -89,7 +90,8 @@ def main():
                     assert err < 2e-2, (n, layout, rows, programs, block_s, err)
                     us = 1e6 * graph_time(lambda i: attention.attention_window(q, *kv(i), limit, D ** -0.5),  # noqa: B023
                                           LAYERS, reps=20)
-                    line.append(f"{programs}/{block_s}/{warps}/{stages} {us:.2f} ({nbytes / us / 1e3:.0f})")
+                    label = f"{programs}/{block_s}/{warps}/{stages}" if rows == 1 else "span splits"
+                    line.append(f"{label} {us:.2f} ({nbytes / us / 1e3:.0f})")
                 print(f"{n} keys (window {w}) {layout}-major, {rows} rows, us (GB/s): " + ", ".join(line))
         del caches
         torch.cuda.empty_cache()

@@ -111,7 +111,7 @@ def test_warm_ranges_cover_the_first_rows_of_each_block(monkeypatch):
     assert ops.warm_ranges(gate_up) == ()
 
 
-def test_qkv_warms_the_layer_keys_over_long_windows():
+def test_qkv_warms_the_layer_keys_over_long_windows(monkeypatch):
     """After the qkv product the GPU warms the o projection's rows, or over a window longer than KV_WARM_WINDOW
     the first rows of the layer's cached keys and values (each half of the budget); eager spans, which have no
     window, keep o."""
@@ -119,20 +119,21 @@ def test_qkv_warms_the_layer_keys_over_long_windows():
     from dflash_cli.engine.spans import Span, StaticSpan
     from dflash_cli.models import decoder
 
+    monkeypatch.setattr(ops, "_WARM_BYTES", 4 << 20)  # the default, whatever DFLASH_L2_WARM_MB says
     o = torch.zeros(64, 32, dtype=torch.bfloat16)
     layer = decoder.DecoderLayer(qkv=None, qkv_bias=None, o=o, gate_up=None, down=None, input_norm=None,
                                  post_norm=None, q_norm=None, k_norm=None)
     cache = KVCache.allocate(2, 9000, 8, 128, torch.bfloat16, "cpu")
     cos = sin = torch.zeros(9000, 128)
-    positions = torch.tensor([8191])
+    positions = torch.tensor([decoder.KV_WARM_WINDOW - 1])  # inside both windows below
     long = StaticSpan(cache, positions, decoder.KV_WARM_WINDOW + 256, cos, sin)
     k, v = decoder.read_after_qkv(layer, long, 1)
     assert k.data_ptr() == cache.k[1].data_ptr() and v.data_ptr() == cache.v[1].data_ptr()
     (ka, k_bytes), (va, v_bytes) = ops.warm_ranges((k, v))
-    assert (ka, va) == (cache.k[1].data_ptr(), cache.v[1].data_ptr()) and k_bytes == v_bytes == ops._WARM_BYTES // 2
+    assert (ka, va) == (cache.k[1].data_ptr(), cache.v[1].data_ptr()) and k_bytes == v_bytes == 2 << 20
     short = StaticSpan(cache, positions, decoder.KV_WARM_WINDOW, cos, sin)
     assert decoder.read_after_qkv(layer, short, 1) is o
-    assert decoder.read_after_qkv(layer, Span(cache, 8191, 1, cos, sin), 1) is o
+    assert decoder.read_after_qkv(layer, Span(cache, decoder.KV_WARM_WINDOW - 1, 1, cos, sin), 1) is o
 
 
 def test_numeric_switches_name_themselves_when_malformed(monkeypatch):

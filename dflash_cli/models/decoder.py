@@ -93,7 +93,9 @@ def mlp_rows(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
 # -> 4.219/4.217; bench at ctx 8192 plain 3.67 -> 3.63 ms a token, DFlash 1121 -> 1133 tok/s. Shorter windows lose:
 # verify 8 rows at ctx 4096 (window 4352) 3.567/3.568 -> 3.601/3.592, decode at ctx 2048 (window 4096) 3.232 ->
 # 3.242, at ctx 1024 3.160 -> 3.190. 8 or 16 MB of keys, or warming them from the previous layer's down product,
-# did no better. DFLASH_KV_WARM_WINDOW sets the threshold.
+# did no better. The threshold is on the window, which a graph fixes, not on the keys a step sees: a session sized
+# for more than 8192 positions reads contexts of 4097-8192 keys in a window of 8192, warmed, where about 4100 keys
+# may cost what they cost at ctx 4096. DFLASH_KV_WARM_WINDOW sets the threshold.
 KV_WARM_WINDOW = env_number("DFLASH_KV_WARM_WINDOW", 6144, int)
 
 
