@@ -126,11 +126,58 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// TRACE=1 (a diagnostic build, engine/kernels/block_trace.py): each block's thread 0 records %globaltimer at its
+// start, after its wait and at its end, then its SM and index, into the launch's own buffer (the `trace` argument).
+#ifndef TRACE
+#define TRACE 0
+#endif
+
+#if TRACE
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ unsigned long long* block_times() {  // thread 0's start and time after its wait (TRACE)
+  __shared__ unsigned long long t[2];
+  return t;
+}
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+#if TRACE
+  if (threadIdx.x == 0) block_times()[1] = now_ns();
+#endif
 }
+
+// A block's record (TRACE): thread 0 is in warp 0, which every kernel here keeps to its end.
+// The times wait in shared memory, not registers: a traced build keeps the plain build's blocks per SM.
+struct BlockTrace {
+#if TRACE
+  unsigned long long* trace;
+  __device__ __forceinline__ explicit BlockTrace(unsigned long long* t) : trace(t) {
+    if (threadIdx.x == 0) block_times()[0] = block_times()[1] = now_ns();
+  }
+  __device__ __forceinline__ ~BlockTrace() {
+    if (!trace || threadIdx.x != 0) return;
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned block = blockIdx.y * gridDim.x + blockIdx.x;
+    unsigned long long* rec = trace + 5 * block;
+    rec[0] = block_times()[0];
+    rec[1] = block_times()[1];
+    rec[2] = now_ns();
+    rec[3] = sm;
+    rec[4] = block;
+  }
+#else
+  __device__ __forceinline__ explicit BlockTrace(unsigned long long*) {}
+#endif
+};
 
 // The L2 warm-up for the product read next: up to two byte ranges (a weight's first rows, or the first rows of
 // each half of [gate; up]) that each block, once its own loads are done, asks to be fetched into L2 (its share of
@@ -544,11 +591,14 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
 
 }  // namespace
 
-// Every entry has one signature: aux and eps are read only by the fusions that need them (see skinny_tile).
+// Every entry has one signature: aux and eps are read only by the fusions that need them (see skinny_tile), trace
+// only by a TRACE build.
 #define GEMM_ENTRY(NAME, BODY, P, U, MODE)                                                                     \
   extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
                                   int* counters, int M, int N, int K, const char* warm_a, int warm_a_bytes,       \
-                                  const char* warm_b, int warm_b_bytes, const __nv_bfloat16* aux, float eps) {    \
+                                  const char* warm_b, int warm_b_bytes, const __nv_bfloat16* aux, float eps,      \
+                                  unsigned long long* trace) {                                                    \
+    BlockTrace traced(trace);                                                                                     \
     BODY<P, U, MODE>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}, aux, eps); \
   }
 

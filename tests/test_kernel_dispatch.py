@@ -166,3 +166,22 @@ def test_linear_norm_and_residual_are_the_composition_off_the_gpu(dtype):
     assert torch.equal(ops.linear(h, w, residual=r), r + ops.linear(h, w))
     assert torch.equal(ops.swiglu(h, w, norm=1e-6), ops.swiglu(normed, w))
     assert not ops.fuses_norms(h, w) and not ops.folds_norms("cpu", dtype)
+
+
+def test_block_trace_is_off_unless_asked(monkeypatch):
+    # Off (the default), a traced launch gets no buffer and the kernels compile without the trace; on, each launch
+    # keeps a buffer of its own, one record per block, in launch order.
+    from dflash_cli.engine.kernels import block_trace
+
+    like = torch.zeros(3)
+    monkeypatch.setattr(block_trace, "ON", False)
+    assert block_trace.buffer("gemm:1", 8, like.device) is None
+    assert block_trace.args("split", 8, like) == {"trace_ptr": like, "TRACE": False}
+    monkeypatch.setattr(block_trace, "ON", True)
+    block_trace.clear()
+    try:
+        traced = block_trace.args("merge", 5, like)
+        assert traced["TRACE"] and traced["trace_ptr"].shape == (5, block_trace.FIELDS)
+        assert [kind for kind, _ in block_trace.launches()] == ["merge"]
+    finally:
+        block_trace.clear()

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..switches import env_power_of_two
+from . import block_trace
 from .elementwise import norm_rope
 from .pdl import launch_options, start as pdl_start
 
@@ -121,17 +122,19 @@ def _norm_rope_rows(base, mask, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constex
 def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_lt, stride_qt, stride_qh,
                   stride_ks, stride_kh, stride_vs, stride_vh, scale,
                   kn_ptr, vn_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
-                  pos_ptr, eps,
+                  pos_ptr, eps, trace_ptr,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
-                  ROWS: tl.constexpr):
+                  ROWS: tl.constexpr, TRACE: tl.constexpr):
     # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
     # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
     # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
     # attended from registers in a block of their own instead: that needed 255 registers and spilled.
     # A group's ROWS query rows (t * G + head in the group) are shared out in blocks of BLOCK_R over
     # program_id(2): a fresh span's programs then hold few rows (64 spilled), each block its own programs.
+    t0 = block_trace.now(TRACE)
     pdl_start(PDL)
+    t1 = block_trace.now(TRACE)
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -187,13 +190,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc, mask=rmask[:, None])
     tl.store(part_ml + (base + r) * 2, m_i, mask=rmask)
     tl.store(part_ml + (base + r) * 2 + 1, l_i, mask=rmask)
+    block_trace.record(trace_ptr, t0, t1, TRACE)
 
 
 @triton.jit
 def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, G: tl.constexpr, D: tl.constexpr,
                   DB: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr,
-                  PDL: tl.constexpr):
+                  PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
+    t0 = block_trace.now(TRACE)
     pdl_start(PDL)
+    t1 = block_trace.now(TRACE)
     kvh = tl.program_id(0)
     r = tl.program_id(1)
     t = r // G
@@ -217,6 +223,7 @@ def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, 
             o = tl.load(part_o + crow[:, None] * D + offs_d[None, :], mask=(cs < NSPLIT)[:, None], other=0.0)
             acc += tl.sum(o * cw[:, None], axis=0)
         tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
+    block_trace.record(trace_ptr, t0, t1, TRACE)
 
 
 def merge_shape(nsplit: int, d: int) -> tuple[int, int]:
@@ -298,10 +305,12 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
                                         kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
                                         sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                                         FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows,
+                                        **block_trace.args("split", kv * nsplit * blocks, q),
                                         **launch_options(q.device, ATTENTION_PDL, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)
     _merge_kernel[(kv, t * g, dsplit)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
                                        BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
                                        num_warps=MERGE_WARPS,
+                                       **block_trace.args("merge", kv * t * g * dsplit, q),
                                        **launch_options(q.device, ATTENTION_PDL or chain, trigger=MERGE_TRIGGER))
     return out

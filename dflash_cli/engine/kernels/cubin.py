@@ -73,10 +73,11 @@ def _index(device: torch.device) -> int:
 
 
 def load(name: str, device: torch.device, arch: Callable[[int, int], str], flags_env: str, what: str,
-         make: Callable[[torch.device, bytes], Module] | None = None) -> Module | str:
+         make: Callable[[torch.device, bytes], Module] | None = None, flags: tuple[str, ...] = ()) -> Module | str:
     """csrc/`name` loaded on `device` (once per device), or why it cannot be (a str starting with `what`).
     arch(major, minor): the target (e.g. sm_90a), or RuntimeError where this GPU cannot run the kernel;
-    flags_env: the environment variable with extra nvcc flags (comparisons); make: the Module subclass to build."""
+    flags_env: the environment variable with extra nvcc flags (comparisons); make: the Module subclass to build;
+    flags: nvcc flags of the caller's own, before the environment's."""
     key = (name, _index(device))
     if key not in _loaded:
         try:
@@ -85,9 +86,9 @@ def load(name: str, device: torch.device, arch: Callable[[int, int], str], flags
             src = source(name)
             if src is None:
                 raise RuntimeError(f"csrc/{name} not found")
-            flags = os.environ.get(flags_env, "").split()
+            every = [*flags, *os.environ.get(flags_env, "").split()]
             with torch.cuda.device(key[1]):
-                _loaded[key] = (make or Module)(torch.device("cuda", key[1]), build(src, target, flags))
+                _loaded[key] = (make or Module)(torch.device("cuda", key[1]), build(src, target, every))
         except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
             _loaded[key] = f"{what} unavailable: {exc}"
     return _loaded[key]

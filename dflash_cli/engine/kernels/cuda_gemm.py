@@ -11,7 +11,7 @@ import os
 import torch
 
 from ...errors import DflashError
-from . import cubin, pdl
+from . import block_trace, cubin, pdl
 from .cubin import Ptr
 
 WS_FLOATS = 1 << 22  # split-K partial tiles: splits * 32 * N floats must fit (at most 32 per 8 rows of W)
@@ -40,7 +40,8 @@ def _arch(major: int, minor: int) -> str:
 
 def _module(device: torch.device) -> _Module | None:
     # DFLASH_GEMM_NVCC_FLAGS: comparisons, e.g. -DWIDE_TILE8=0
-    state = cubin.load("skinny_gemm.cu", device, _arch, "DFLASH_GEMM_NVCC_FLAGS", "skinny GEMM", _Module)
+    state = cubin.load("skinny_gemm.cu", device, _arch, "DFLASH_GEMM_NVCC_FLAGS", "skinny GEMM", _Module,
+                       flags=("-DTRACE=1",) if block_trace.ON else ())
     return state if isinstance(state, _Module) else None
 
 
@@ -141,9 +142,11 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
     if len(warm) > 2:
         raise ValueError(f"the kernel warms at most two ranges, got {len(warm)}")
     (a, a_bytes), (b, b_bytes) = (tuple(warm) + ((0, 0), (0, 0)))[:2]
+    trace = block_trace.buffer(f"gemm:{w.data_ptr()}", grid[0] * grid[1], x.device)  # None unless tracing
     mod.launch(name, grid, warps * 32, warps * 32 * floats * 4,
                [Ptr(x.data_ptr()), Ptr(w.data_ptr()), Ptr(out.data_ptr()), Ptr(mod.ws.data_ptr()),
-                Ptr(mod.counters.data_ptr()), m, n, k, Ptr(a), a_bytes, Ptr(b), b_bytes, Ptr(aux), eps])
+                Ptr(mod.counters.data_ptr()), m, n, k, Ptr(a), a_bytes, Ptr(b), b_bytes, Ptr(aux), eps,
+                Ptr(trace.data_ptr() if trace is not None else 0)])
     return out
 
 

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import block_trace
 from .pdl import launch_options, start as pdl_start
 
 
@@ -194,9 +195,11 @@ def k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, p
 
 
 @triton.jit
-def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, h_out, x_out, stride_h, stride_d, eps, D: tl.constexpr,
-                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, h_out, x_out, stride_h, stride_d, eps, trace_ptr, D: tl.constexpr,
+                         BLOCK: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr):
+    t0 = block_trace.now(TRACE)
     pdl_start(PDL)
+    t1 = block_trace.now(TRACE)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
@@ -208,6 +211,7 @@ def _add_rms_norm_kernel(h_ptr, d_ptr, w_ptr, h_out, x_out, stride_h, stride_d, 
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(x_out + row * D + offs, ((x * r).to(dt).to(tl.float32) * w).to(dt), mask=mask)
+    block_trace.record(trace_ptr, t0, t1, TRACE)
 
 
 def add_rms_norm(h, delta, weight, eps):
@@ -216,5 +220,6 @@ def add_rms_norm(h, delta, weight, eps):
     h_out = torch.empty_like(h, memory_format=torch.contiguous_format)
     x_out = torch.empty_like(h_out)
     _add_rms_norm_kernel[(t,)](h, delta, weight, h_out, x_out, h.stride(0), delta.stride(0), eps, D=d,
-                               BLOCK=triton.next_power_of_2(d), **launch_options(h.device))
+                               BLOCK=triton.next_power_of_2(d), **block_trace.args("norm", t, h),
+                               **launch_options(h.device))
     return h_out, x_out

@@ -1,0 +1,71 @@
+"""Per-block timestamps of a step's kernels: a diagnostic, off unless DFLASH_BLOCK_TRACE=1.
+
+With it on, every traced launch (the CUDA GEMM, then built with -DTRACE=1; the attention split and merge; the
+add + norm) gets a buffer of its own, one record per block: %globaltimer at the block's start, after its wait for
+the previous kernel (programmatic dependent launch; the start where there is none) and at its end, then its SM
+and its index. Launches inside a graph capture keep their buffers, so a replay rewrites them in place.
+benchmarks/block_trace.py lays them out as a step's timeline: when each kernel's blocks were released and ended
+against the end of the kernel before. Off, the kernels compile without it and no buffer is made."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+ON = os.environ.get("DFLASH_BLOCK_TRACE", "0") == "1"
+FIELDS = 5  # start, after the wait, end (ns), SM, block index
+_launches: list[tuple[str, torch.Tensor]] = []  # (kind, records [blocks, FIELDS]) in launch order
+
+
+def buffer(kind: str, blocks: int, device: torch.device) -> torch.Tensor | None:
+    """A launch's record buffer (kept until `clear`), or None with tracing off."""
+    if not ON:
+        return None
+    # Not zeroed here: inside a capture that would put a fill kernel before the launch. The reader zeroes them.
+    records = torch.empty((blocks, FIELDS), dtype=torch.int64, device=device)
+    _launches.append((kind, records))
+    return records
+
+
+def launches() -> list[tuple[str, torch.Tensor]]:
+    """Every traced launch so far, in launch (capture) order."""
+    return list(_launches)
+
+
+def clear() -> None:
+    _launches.clear()
+
+
+@triton.jit
+def now(TRACE: tl.constexpr):
+    """%globaltimer (ns) where TRACE, else 0."""
+    if TRACE:
+        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [tl.program_id(0)], dtype=tl.int64,
+                                         is_pure=False, pack=1)
+    else:
+        return 0
+
+
+@triton.jit
+def record(rec_ptr, t0, t1, TRACE: tl.constexpr):
+    """This program's record (start t0, after the wait t1, now, its SM, its index) where TRACE."""
+    if TRACE:
+        t2 = now(TRACE)
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [tl.program_id(0)], dtype=tl.int32,
+                                       is_pure=False, pack=1)
+        pid = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+        base = rec_ptr + pid.to(tl.int64) * 5
+        tl.store(base, t0)
+        tl.store(base + 1, t1)
+        tl.store(base + 2, t2)
+        tl.store(base + 3, sm.to(tl.int64))
+        tl.store(base + 4, pid.to(tl.int64))
+
+
+def args(kind: str, blocks: int, like: torch.Tensor) -> dict:
+    """Keyword arguments of a traced Triton launch: its buffer (any tensor with tracing off) and TRACE."""
+    records = buffer(kind, blocks, like.device)
+    return {"trace_ptr": like if records is None else records, "TRACE": records is not None}
