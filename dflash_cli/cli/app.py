@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -150,6 +151,8 @@ def train(
 
 def main() -> None:
     """Entry point: user-facing errors become one line on stderr and exit 1; Ctrl-C exits 130."""
+    # torch warns at import where NumPy is not installed (the CPU wheel does not require it); nothing here uses NumPy.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         code = app(standalone_mode=False)
     except DflashError as exc:
