@@ -33,7 +33,7 @@ ROLES = ("qkv", "o", "gate_up", "down")
 def traced_replay(fn) -> list[tuple[str, torch.Tensor]]:
     """fn's graph (captured on its first call) replayed once with zeroed records: its launches, in graph order,
     as (kind, records [blocks, 5] on the host, blocks that did not record dropped)."""
-    block_trace.clear()
+    block_trace.clear()  # the earlier graphs keep their buffers (block_trace.clear)
     fn()  # warm-up and capture: the graph's launches are among these
     for _ in range(3):
         fn()
@@ -83,7 +83,7 @@ def save(rows, label: str) -> None:
     data = []
     for role, layer, rec in rows:
         r = rec.double()
-        r[:, :3] = (r[:, :3] - origin) / 1e3
+        r[:, :3] = (rec[:, :3] - origin).double() / 1e3  # the difference in int64: as float64, 1.7e18 ns steps by 256
         data.append((role, layer, r))
     torch.save(data, os.path.join(folder, label.replace(" ", "_") + ".pt"))
 
@@ -91,6 +91,7 @@ def save(rows, label: str) -> None:
 def timeline(launches, model, label: str) -> None:
     rows = named(launches, model)
     save(rows, label)
+    origin = min(rec[:, 0].min().item() for _, _, rec in rows)
     nbytes = {role: getattr(model.layers[0], role).numel() * 2 for role in ROLES}
     layers = len(model.layers)
     keep = range(4, layers - 4)
@@ -98,7 +99,7 @@ def timeline(launches, model, label: str) -> None:
     order = []
     prev_end = None
     for role, layer, rec in rows:
-        t0, t1, t2 = (rec[:, j].double() / 1e3 for j in range(3))  # us
+        t0, t1, t2 = ((rec[:, j] - origin).double() / 1e3 for j in range(3))  # us; int64 first: ns since 1970
         if prev_end is not None and layer in keep:
             if role not in order:
                 order.append(role)

@@ -1,9 +1,9 @@
 """Per-block timestamps of a step's kernels: a diagnostic, off unless DFLASH_BLOCK_TRACE=1.
 
 With it on, every traced launch (the CUDA GEMM, then built with -DTRACE=1; the attention split and merge; the
-add + norm) gets a buffer of its own, one record per block: %globaltimer at the block's start, after its wait for
-the previous kernel (programmatic dependent launch; the start where there is none) and at its end, then its SM
-and its index. Launches inside a graph capture keep their buffers, so a replay rewrites them in place.
+add + norm; the q/k norm + RoPE) gets a buffer of its own, one record per block: %globaltimer at the block's start,
+after its wait for the previous kernel (programmatic dependent launch; the start where there is none) and at its
+end, then its SM and its index. Launches inside a graph capture keep their buffers, so a replay rewrites them in place.
 benchmarks/block_trace.py lays them out as a step's timeline: when each kernel's blocks were released and ended
 against the end of the kernel before. Off, the kernels compile without it and no buffer is made."""
 
@@ -18,6 +18,7 @@ import triton.language as tl
 ON = os.environ.get("DFLASH_BLOCK_TRACE", "0") == "1"
 FIELDS = 5  # start, after the wait, end (ns), SM, block index
 _launches: list[tuple[str, torch.Tensor]] = []  # (kind, records [blocks, FIELDS]) in launch order
+_retired: list[torch.Tensor] = []  # buffers `clear` dropped: a captured graph may still write them on replay
 
 
 def buffer(kind: str, blocks: int, device: torch.device) -> torch.Tensor | None:
@@ -36,6 +37,9 @@ def launches() -> list[tuple[str, torch.Tensor]]:
 
 
 def clear() -> None:
+    """Forget the launches so far. Their buffers stay allocated: the graphs that captured them still write them, and
+    freed, their memory could go to a later capture's tensors."""
+    _retired.extend(rec for _, rec in _launches)
     _launches.clear()
 
 
@@ -67,5 +71,6 @@ def record(rec_ptr, t0, t1, TRACE: tl.constexpr):
 
 def args(kind: str, blocks: int, like: torch.Tensor) -> dict:
     """Keyword arguments of a traced Triton launch: its buffer (any tensor with tracing off) and TRACE."""
-    records = buffer(kind, blocks, like.device)
-    return {"trace_ptr": like if records is None else records, "TRACE": records is not None}
+    if not ON:
+        return {"trace_ptr": like, "TRACE": False}
+    return {"trace_ptr": buffer(kind, blocks, like.device), "TRACE": True}

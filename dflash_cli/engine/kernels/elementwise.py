@@ -110,9 +110,11 @@ def rope(y, yp, c, s, D: tl.constexpr, dt: tl.constexpr):
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_out, k_out, v_out, H, KV,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, eps,
-                         stride_kl, stride_vl, stride_wl, stride_ol,
-                         D: tl.constexpr, WRITE: tl.constexpr, PDL: tl.constexpr):
+                         stride_kl, stride_vl, stride_wl, stride_ol, trace_ptr,
+                         D: tl.constexpr, WRITE: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr):
+    t0 = block_trace.now(TRACE)
     pdl_start(PDL)
+    t1 = block_trace.now(TRACE)
     # One program per (row, head) over the q heads, then the k heads (RMSNorm then RoPE, rounded as the
     # reference), then with WRITE the v heads. With WRITE, k and v go straight into the cache rows at the
     # rows' positions (k_out/v_out are the layer's cache, stride_ot its row stride): no separate KV copy.
@@ -152,6 +154,7 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
         src = v_ptr + t * stride_vt + vh * stride_vh
         dst = v_out + row_out * stride_ot + vh * D
         tl.store(dst + offs, tl.load(src + offs))
+    block_trace.record(trace_ptr, t0, t1, TRACE)
 
 
 def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
@@ -162,7 +165,8 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
     k_out = torch.empty((t, kv, d), dtype=k.dtype, device=k.device)
     _qk_norm_rope_kernel[(t * (h + kv),)](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
                                           q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
-                                          0, 0, 0, 0, D=d, WRITE=False, **launch_options(q.device))
+                                          0, 0, 0, 0, D=d, WRITE=False, **block_trace.args("rope", t * (h + kv), q),
+                                          **launch_options(q.device))
     return q_out, k_out
 
 
@@ -177,7 +181,8 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_ca
     _qk_norm_rope_kernel[(t * (h + 2 * kv),)](q, k, v, q_weight, k_weight, cos, sin, positions, q_out, k_cache,
                                               v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                               v.stride(0), v.stride(1), k_cache.stride(0), eps, 0, 0, 0, 0,
-                                              D=d, WRITE=True, **launch_options(q.device))
+                                              D=d, WRITE=True, **block_trace.args("rope", t * (h + 2 * kv), q),
+                                              **launch_options(q.device))
     return q_out
 
 
@@ -191,7 +196,8 @@ def k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, p
     _qk_norm_rope_kernel[(t * 2 * kv, n_layers)](
         k, k, v, k_weights, k_weights, cos, sin, positions, k, k_cache, v_cache, 0, kv, 0, 0, k.stride(0),
         k.stride(2), v.stride(0), v.stride(2), k_cache.stride(1), eps, k.stride(1), v.stride(1), k_weights.stride(0),
-        k_cache.stride(0), D=d, WRITE=True, **launch_options(k.device))
+        k_cache.stride(0), D=d, WRITE=True, **block_trace.args("rope", t * 2 * kv * n_layers, k),
+        **launch_options(k.device))
 
 
 @triton.jit
