@@ -73,25 +73,28 @@ def named(launches, model) -> list[tuple[str, int, torch.Tensor]]:
     return out
 
 
-def save(rows, label: str) -> None:
-    """TRACE_OUT=dir: the records as [(role, layer, float64 [blocks, 5]: start, release, end in us from the
-    replay's first start, SM, block)] in dir/<label>.pt."""
-    folder = os.environ.get("TRACE_OUT")
-    if not folder:
-        return
+def in_us(rows):
+    """The rows with their records as float64: start, release and end in us from the replay's first start (the
+    difference taken in int64: ns since 1970 as float64 step by 256 ns), then SM and block."""
     origin = min(rec[:, 0].min().item() for _, _, rec in rows)
-    data = []
+    out = []
     for role, layer, rec in rows:
         r = rec.double()
-        r[:, :3] = (rec[:, :3] - origin).double() / 1e3  # the difference in int64: as float64, 1.7e18 ns steps by 256
-        data.append((role, layer, r))
-    torch.save(data, os.path.join(folder, label.replace(" ", "_") + ".pt"))
+        r[:, :3] = (rec[:, :3] - origin).double() / 1e3
+        out.append((role, layer, r))
+    return out
+
+
+def save(rows, label: str) -> None:
+    """TRACE_OUT=dir: the rows (`in_us`) as [(role, layer, float64 [blocks, 5])] in dir/<label>.pt."""
+    folder = os.environ.get("TRACE_OUT")
+    if folder:
+        torch.save(rows, os.path.join(folder, label.replace(" ", "_") + ".pt"))
 
 
 def timeline(launches, model, label: str) -> None:
-    rows = named(launches, model)
+    rows = in_us(named(launches, model))
     save(rows, label)
-    origin = min(rec[:, 0].min().item() for _, _, rec in rows)
     nbytes = {role: getattr(model.layers[0], role).numel() * 2 for role in ROLES}
     layers = len(model.layers)
     keep = range(4, layers - 4)
@@ -99,7 +102,7 @@ def timeline(launches, model, label: str) -> None:
     order = []
     prev_end = None
     for role, layer, rec in rows:
-        t0, t1, t2 = ((rec[:, j] - origin).double() / 1e3 for j in range(3))  # us; int64 first: ns since 1970
+        t0, t1, t2 = rec[:, 0], rec[:, 1], rec[:, 2]
         if prev_end is not None and layer in keep:
             if role not in order:
                 order.append(role)

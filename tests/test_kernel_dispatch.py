@@ -175,13 +175,13 @@ def test_block_trace_is_off_unless_asked(monkeypatch):
 
     like = torch.zeros(3)
     monkeypatch.setattr(block_trace, "ON", False)
-    assert block_trace.buffer("gemm:1", 8, like.device) is None
-    assert block_trace.args("split", 8, like) == {"trace_ptr": like, "TRACE": False}
+    assert block_trace.buffer("gemm:1", (8,), like.device) is None
+    assert block_trace.args("split", (4, 2), like) == {"trace_ptr": like, "TRACE": False}
     monkeypatch.setattr(block_trace, "ON", True)
     block_trace.clear()
     try:
-        traced = block_trace.args("merge", 5, like)
-        assert traced["TRACE"] and traced["trace_ptr"].shape == (5, block_trace.FIELDS)
+        traced = block_trace.args("merge", (5, 2, 1), like)
+        assert traced["TRACE"] and traced["trace_ptr"].shape == (10, block_trace.FIELDS)
         assert [kind for kind, _ in block_trace.launches()] == ["merge"]
     finally:
         block_trace.clear()

@@ -300,17 +300,19 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     kn, vn, qw, kw, eps, cos, sin, pos = fresh if fresh else (k, v, k, k, 0.0, k, k, limit)
     chain = few and blocks == 1 and DECODE_CHAIN and split == BLOCK_S
-    _split_kernel[(kv, nsplit, blocks)](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
-                                        q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
-                                        kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
-                                        sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
-                                        FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows,
-                                        **block_trace.args("split", kv * nsplit * blocks, q),
-                                        **launch_options(q.device, ATTENTION_PDL, trigger=chain), **tuning)
+    grid = (kv, nsplit, blocks)
+    _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
+                        q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
+                        kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
+                        sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
+                        FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows,
+                        **block_trace.args("split", grid, q),
+                        **launch_options(q.device, ATTENTION_PDL, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)
-    _merge_kernel[(kv, t * g, dsplit)](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
-                                       BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
-                                       num_warps=MERGE_WARPS,
-                                       **block_trace.args("merge", kv * t * g * dsplit, q),
-                                       **launch_options(q.device, ATTENTION_PDL or chain, trigger=MERGE_TRIGGER))
+    grid = (kv, t * g, dsplit)
+    _merge_kernel[grid](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
+                        BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
+                        num_warps=MERGE_WARPS,
+                        **block_trace.args("merge", grid, q),
+                        **launch_options(q.device, ATTENTION_PDL or chain, trigger=MERGE_TRIGGER))
     return out

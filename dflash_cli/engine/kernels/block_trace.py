@@ -9,6 +9,7 @@ against the end of the kernel before. Off, the kernels compile without it and no
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -21,12 +22,12 @@ _launches: list[tuple[str, torch.Tensor]] = []  # (kind, records [blocks, FIELDS
 _retired: list[torch.Tensor] = []  # buffers `clear` dropped: a captured graph may still write them on replay
 
 
-def buffer(kind: str, blocks: int, device: torch.device) -> torch.Tensor | None:
-    """A launch's record buffer (kept until `clear`), or None with tracing off."""
+def buffer(kind: str, grid: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
+    """A launch's record buffer, one row per block of `grid` (kept until `clear`), or None with tracing off."""
     if not ON:
         return None
     # Not zeroed here: inside a capture that would put a fill kernel before the launch. The reader zeroes them.
-    records = torch.empty((blocks, FIELDS), dtype=torch.int64, device=device)
+    records = torch.empty((math.prod(grid), FIELDS), dtype=torch.int64, device=device)
     _launches.append((kind, records))
     return records
 
@@ -69,8 +70,8 @@ def record(rec_ptr, t0, t1, TRACE: tl.constexpr):
         tl.store(base + 4, pid.to(tl.int64))
 
 
-def args(kind: str, blocks: int, like: torch.Tensor) -> dict:
-    """Keyword arguments of a traced Triton launch: its buffer (any tensor with tracing off) and TRACE."""
+def args(kind: str, grid: tuple[int, ...], like: torch.Tensor) -> dict:
+    """Keyword arguments of a traced Triton launch over `grid`: its buffer (any tensor with tracing off) and TRACE."""
     if not ON:
         return {"trace_ptr": like, "TRACE": False}
-    return {"trace_ptr": buffer(kind, blocks, like.device), "TRACE": True}
+    return {"trace_ptr": buffer(kind, grid, like.device), "TRACE": True}

@@ -142,7 +142,7 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
     if len(warm) > 2:
         raise ValueError(f"the kernel warms at most two ranges, got {len(warm)}")
     (a, a_bytes), (b, b_bytes) = (tuple(warm) + ((0, 0), (0, 0)))[:2]
-    trace = block_trace.buffer(f"gemm:{w.data_ptr()}", grid[0] * grid[1], x.device) if block_trace.ON else None
+    trace = block_trace.buffer(f"gemm:{w.data_ptr()}", grid, x.device) if block_trace.ON else None
     mod.launch(name, grid, warps * 32, warps * 32 * floats * 4,
                [Ptr(x.data_ptr()), Ptr(w.data_ptr()), Ptr(out.data_ptr()), Ptr(mod.ws.data_ptr()),
                 Ptr(mod.counters.data_ptr()), m, n, k, Ptr(a), a_bytes, Ptr(b), b_bytes, Ptr(aux), eps,

@@ -163,10 +163,11 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
     q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
     k_out = torch.empty((t, kv, d), dtype=k.dtype, device=k.device)
-    _qk_norm_rope_kernel[(t * (h + kv),)](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
-                                          q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
-                                          0, 0, 0, 0, D=d, WRITE=False, **block_trace.args("rope", t * (h + kv), q),
-                                          **launch_options(q.device))
+    grid = (t * (h + kv),)
+    _qk_norm_rope_kernel[grid](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
+                               q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
+                               0, 0, 0, 0, D=d, WRITE=False, **block_trace.args("rope", grid, q),
+                               **launch_options(q.device))
     return q_out, k_out
 
 
@@ -178,11 +179,12 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_ca
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and cos.is_contiguous()
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and sin.is_contiguous()
     q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
-    _qk_norm_rope_kernel[(t * (h + 2 * kv),)](q, k, v, q_weight, k_weight, cos, sin, positions, q_out, k_cache,
-                                              v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-                                              v.stride(0), v.stride(1), k_cache.stride(0), eps, 0, 0, 0, 0,
-                                              D=d, WRITE=True, **block_trace.args("rope", t * (h + 2 * kv), q),
-                                              **launch_options(q.device))
+    grid = (t * (h + 2 * kv),)
+    _qk_norm_rope_kernel[grid](q, k, v, q_weight, k_weight, cos, sin, positions, q_out, k_cache,
+                               v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+                               v.stride(0), v.stride(1), k_cache.stride(0), eps, 0, 0, 0, 0,
+                               D=d, WRITE=True, **block_trace.args("rope", grid, q),
+                               **launch_options(q.device))
     return q_out
 
 
@@ -193,10 +195,11 @@ def k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, p
     assert k.stride(-1) == 1 and v.stride(-1) == 1
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_weights.is_contiguous()
     assert cos.is_contiguous() and sin.is_contiguous()
-    _qk_norm_rope_kernel[(t * 2 * kv, n_layers)](
+    grid = (t * 2 * kv, n_layers)
+    _qk_norm_rope_kernel[grid](
         k, k, v, k_weights, k_weights, cos, sin, positions, k, k_cache, v_cache, 0, kv, 0, 0, k.stride(0),
         k.stride(2), v.stride(0), v.stride(2), k_cache.stride(1), eps, k.stride(1), v.stride(1), k_weights.stride(0),
-        k_cache.stride(0), D=d, WRITE=True, **block_trace.args("rope", t * 2 * kv * n_layers, k),
+        k_cache.stride(0), D=d, WRITE=True, **block_trace.args("rope", grid, k),
         **launch_options(k.device))
 
 
@@ -226,6 +229,6 @@ def add_rms_norm(h, delta, weight, eps):
     h_out = torch.empty_like(h, memory_format=torch.contiguous_format)
     x_out = torch.empty_like(h_out)
     _add_rms_norm_kernel[(t,)](h, delta, weight, h_out, x_out, h.stride(0), delta.stride(0), eps, D=d,
-                               BLOCK=triton.next_power_of_2(d), **block_trace.args("norm", t, h),
+                               BLOCK=triton.next_power_of_2(d), **block_trace.args("norm", (t,), h),
                                **launch_options(h.device))
     return h_out, x_out
