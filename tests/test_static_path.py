@@ -256,3 +256,23 @@ def test_folded_norm_weights_give_the_same_model(tmp_path):
     assert torch.allclose(a.logits, b.logits, rtol=1e-4, atol=1e-5)
     assert torch.allclose(a.hidden, b.hidden, rtol=1e-4, atol=1e-5)
     assert all(layer.norms_folded for layer in folded.layers) and not plain.layers[0].norms_folded
+
+
+@pytest.mark.parametrize("mlp_fused", [True, False])
+def test_norms_inside_the_products_compute_the_kernel_path(tmp_path, monkeypatch, mlp_fused):
+    """A folded model's layers with the norms and residual adds inside the products (what the GPU runs: every one
+    of them from 9 rows, those of qkv and down only below that) compute what the add + norm kernels compute. On the
+    CPU a product's norm and residual are their composition, so the logits are equal bit for bit."""
+    from dflash_cli.engine import ops
+    from dflash_cli.models.decoder import fold_norms
+
+    model = Qwen3Model.load(make_qwen3(tmp_path / "t", seed=22, num_hidden_layers=3))
+    ones = torch.ones(model.cfg.hidden_size)
+    for layer in model.layers:
+        fold_norms(layer, ones)
+    ids = torch.tensor([3, 17, 5, 99, 42])
+    plain = model.forward(ids, 0, model.new_cache(16), capture=(1, 3), all_logits=True)
+    monkeypatch.setattr(ops, "fuses_norms", lambda h, w: True)
+    monkeypatch.setattr(ops, "fuses_mlp_norm", lambda h: mlp_fused)
+    fused = model.forward(ids, 0, model.new_cache(16), capture=(1, 3), all_logits=True)
+    assert torch.equal(plain.logits, fused.logits) and torch.equal(plain.hidden, fused.hidden)

@@ -98,9 +98,15 @@ def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 # The layers' norms and residual adds inside the CUDA GEMM (`linear`'s norm and residual); 0: their own kernels.
 _NORMS_FUSED = os.environ.get("DFLASH_NORMS_FUSED", "1") != "0"
-# Only steps of at least this many rows fuse them (a DFlash verify, 16 rows). H100 graph replays with every step
-# fused (benchmarks/2026-11-23-h100/session8/folded_norms/): verify 16 rows -75 us, 8 rows +50, decode -18.
+# Steps of at least this many rows run all of them inside the products (a DFlash verify, 16 rows). H100 graph
+# replays with every step fused (benchmarks/2026-11-23-h100/session8/folded_norms/): verify 16 rows -75 us, 8 rows
+# +50, decode -18; at one row it came out even three times since (gate/up streams slower with its norm inside).
 _NORMS_FUSED_MIN_ROWS = env_number("DFLASH_NORMS_FUSED_MIN_ROWS", 9, int)
+# Fewer rows, from this many, run the qkv product's norm and the down product's residual add inside them, and keep
+# the add + norm kernel before gate/up (`fuses_mlp_norm`). H100 graph replays, two rounds
+# (benchmarks/2026-11-25-h100/session33/), all in kernels -> these two inside: decode 3.155 -> 3.123 ms, verify 8
+# rows 3.345 -> 3.313, decode at ctx 8192 3.600 -> 3.559; verify 16 rows and the DFlash draft unchanged.
+_QKV_NORM_MIN_ROWS = min(env_number("DFLASH_QKV_NORM_MIN_ROWS", 1, int), _NORMS_FUSED_MIN_ROWS)
 
 
 def _fusable(norm, residual, x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -125,9 +131,15 @@ def folds_norms(device, dtype: torch.dtype) -> bool:
 def fuses_norms(h: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether products of rows like h with weights like `weight` (a layer's) run in the CUDA GEMM with the
     norm before them and the residual add after them inside (`linear`'s norm and residual): a model then
-    skips the fused add + norm kernels between its products."""
-    return (_NORMS_FUSED and h.shape[0] >= _NORMS_FUSED_MIN_ROWS and _GEMM == "auto" and weight.shape[0] < VOCAB_ROWS
+    skips the fused add + norm kernels between its products (all of them where `fuses_mlp_norm`)."""
+    return (_NORMS_FUSED and h.shape[0] >= _QKV_NORM_MIN_ROWS and _GEMM == "auto" and weight.shape[0] < VOCAB_ROWS
             and _skinny(h, weight) and _cuda_gemm_for(h, weight) is not None)
+
+
+def fuses_mlp_norm(h: torch.Tensor) -> bool:
+    """Where `fuses_norms`: whether the norm before gate/up (and o's residual add) runs inside the products too,
+    or keeps its add + norm kernel."""
+    return h.shape[0] >= _NORMS_FUSED_MIN_ROWS
 
 
 # Bytes of the next weight warmed into L2 after a product (0: off). H100 graph replays, every product warming the

@@ -109,11 +109,17 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
     # Each product names the weight read after it (`then`): the GPU warms that weight's first rows into L2.
     reads_next = [layer.qkv for layer in layers[1:]] + [read_after]
     if layers[0].norms_folded and ops.fuses_norms(h, layers[0].qkv):
-        # Each norm runs inside the product after it, each residual add inside the product before it.
+        # Each norm runs inside the product after it, each residual add inside the product before it; with fewer
+        # rows the norm before gate/up keeps its add + norm kernel (see ops._QKV_NORM_MIN_ROWS).
+        mlp_fused = ops.fuses_mlp_norm(h)
         for i, layer in enumerate(layers):
             attn = self_attention(layer, h, cfg, span, i, scale, norm=eps)
-            h = ops.linear(attn, layer.o, then=mlp_rows(layer), residual=h)
-            act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps)
+            if mlp_fused:
+                h = ops.linear(attn, layer.o, then=mlp_rows(layer), residual=h)
+                act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps)
+            else:
+                h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
+                act = ops.swiglu(x, layer.gate_up, then=layer.down)
             h = ops.linear(act, layer.down, then=reads_next[i], residual=h)
             if i + 1 in capture:
                 captured[i + 1] = h

@@ -221,7 +221,8 @@ def test_norm_and_residual_fusions_match_unfused_bf16(m):
                 r = torch.randn(m, n, dtype=bf, device=dev)
                 assert torch.equal(cuda_gemm.skinny_linear(h, w, cfg, residual=r), r + cuda_gemm.skinny_linear(h, w, cfg))
         via_ops = ops.swiglu(h, w, norm=eps) if swiglu else ops.linear(h, w, norm=eps)
-        assert ops.fuses_norms(h, w) == (m >= ops._NORMS_FUSED_MIN_ROWS) and ops.folds_norms(dev, bf)
+        assert ops.fuses_norms(h, w) == (m >= ops._QKV_NORM_MIN_ROWS) and ops.folds_norms(dev, bf)
+        assert ops.fuses_mlp_norm(h) == (m >= ops._NORMS_FUSED_MIN_ROWS)
         assert err(via_ops, ref) <= 1e-2
 
 
