@@ -44,23 +44,33 @@ KERNELS = {
 }
 
 
-def compile_sm90(fn, warps: int, constexprs: dict, runtime: dict) -> str:
-    """fn's cubin for sm_90a in a temp dir (its path): runtime ints equal to 1 become constants, those divisible by
-    16 and every pointer get Triton's divisibility hint, as at launch."""
+def compile_sm90(fn, warps: int, constexprs: dict, runtime: dict, folder: str) -> tuple[str, int]:
+    """(path of fn's cubin for sm_90a, written in folder; its shared memory in bytes). Runtime ints equal to 1
+    become constants, those divisible by 16 and every pointer get Triton's divisibility hint, as at launch. Every
+    argument must be named here (a pointer, a float, a constexpr or a runtime int): one typed by guess is the
+    mistake this tool exists to avoid."""
     names = fn.arg_names
     consts = dict(constexprs, **{k: v for k, v in runtime.items() if v == 1 and k in names})
     sig, attrs = {}, {}
     for i, n in enumerate(names):
-        sig[n] = "constexpr" if n in consts else POINTERS.get(n, "fp32" if n in FLOATS else "i32")
-        if n not in consts and (n in POINTERS or runtime.get(n, 1) % 16 == 0 and n in runtime):
-            attrs[(i,)] = [["tt.divisibility", 16]]
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n in POINTERS:
+            sig[n], attrs[(i,)] = POINTERS[n], [["tt.divisibility", 16]]
+        elif n in FLOATS:
+            sig[n] = "fp32"
+        elif n in runtime:
+            sig[n] = "i32"
+            if runtime[n] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise SystemExit(f"{fn.__name__}: argument '{n}' is not described (POINTERS, FLOATS, DECODE)")
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     kernel = triton.compile(src, target=TARGET, options={"num_warps": warps})
-    out = tempfile.mkdtemp()
-    ptx = os.path.join(out, "k.ptx")
+    ptx = os.path.join(folder, "k.ptx")
     with open(ptx, "w") as f:  # the bundled ptxas may be older than the PTX version this Triton writes
         f.write(re.sub(r"^\.version \d+\.\d+", ".version 8.8", kernel.asm["ptx"], flags=re.M))
-    cubin = os.path.join(out, "k.cubin")
+    cubin = os.path.join(folder, "k.cubin")
     subprocess.run([os.path.join(BIN, "ptxas"), "--gpu-name", "sm_90a", ptx, "-o", cubin], check=True)
     return cubin, kernel.metadata.shared
 
@@ -80,8 +90,9 @@ def sass_profile(cubin: str) -> tuple[int, collections.Counter]:
 
 def main():
     for name, (fn, warps, consts) in KERNELS.items():
-        cubin, shared = compile_sm90(fn, warps, consts, DECODE)
-        regs, ops = sass_profile(cubin)
+        with tempfile.TemporaryDirectory() as folder:
+            cubin, shared = compile_sm90(fn, warps, consts, DECODE, folder)
+            regs, ops = sass_profile(cubin)
         loads = {k: v for k, v in sorted(ops.items()) if k.startswith(("LDG", "STG", "LDS", "STS", "BAR"))}
         print(f"{name}: {sum(ops.values())} instructions, {regs} registers, {shared} B shared, {warps} warps")
         print(f"  memory and barriers: {loads}")
