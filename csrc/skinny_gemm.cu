@@ -20,6 +20,11 @@
 // the unfused product then add rounds). A layer's two norms and two residual adds then cost no kernels of their
 // own. (Loading the norm's weight beside x instead cost 16 registers at unroll 4, two fewer blocks per SM and
 // more than the norm kernel it replaced: benchmarks/2026-11-23-h100/session8/.)
+// At one row two more fusions hand the norm's sum of squares from the product that writes the residual stream to the
+// product that normalises it: SQUARES (with RESID) also writes, per tile, the sum of the squares of each token's 8
+// outputs as rounded, and SCALE (one token) takes the norm's scale from those partial sums instead of summing the
+// squares of its x in its loop (NORM). The add + norm kernel between o and gate/up then goes, and gate/up keeps the
+// plain product's loop (with NORM inside, it streamed at 2766 GB/s against 2971: benchmarks/2026-11-25-h100/).
 
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -286,7 +291,46 @@ __device__ __forceinline__ __nv_bfloat162 add_resid2(__nv_bfloat162 res, float a
   return __floats2bfloat162_rn(r.x + round_bf16(a0), r.y + round_bf16(a1));
 }
 
-enum : int { SWIGLU_BIT = 1, NORM_BIT = 2, RESID_BIT = 4 };
+enum : int { SWIGLU_BIT = 1, NORM_BIT = 2, RESID_BIT = 4, SQUARES_BIT = 8, SCALE_BIT = 16 };
+
+// SCALE: the block copies the partial sums into shared memory (sq_s) right after the wait, asynchronously: the copy
+// holds no registers through the loop and is done long before the epilogue. (Loaded from global memory in the
+// epilogue instead, after an L1 prefetch, they cost each block a few L2 round trips behind the weight stream: decode
+// 3.126 -> 3.296 ms.)
+__device__ __forceinline__ void copy_squares(float* sq_s, const float* sq, int tiles) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  for (int i = threadIdx.x; i < (tiles >> 2); i += blockDim.x) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(sq_s + 4 * i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(sq + 4 * i) : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void squares_copied() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+  __syncthreads();
+}
+
+// SCALE: the one token's rsqrt(mean(h^2) + eps) from the `tiles` partial sums in shared memory, in a fixed order:
+// every lane of the warp gets the same value.
+__device__ __forceinline__ float scale_from_squares(const float* sq_s, int tiles, int K, float eps, const Place& p) {
+  float s = 0.f;
+  for (int j = p.lane; j < tiles; j += 32) s += sq_s[j];
+#pragma unroll
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return rsqrtf(s / (float)K + eps);
+}
+
+// SQUARES: a token's sum of squares of the quad's 8 outputs (2 a lane), in every lane of the quad.
+__device__ __forceinline__ float quad_squares(__nv_bfloat162 o, bool real) {
+  const float2 f = __bfloat1622float2(o);
+  float s = real ? fmaf(f.x, f.x, f.y * f.y) : 0.f;
+  s += __shfl_xor_sync(0xffffffffu, s, 1);
+  return s + __shfl_xor_sync(0xffffffffu, s, 2);
+}
 
 // NORM: the squares of eight k of a token's h (a fragment past M is zeros and adds nothing).
 __device__ __forceinline__ void add_squares(uint4 h, float& ss) {
@@ -306,7 +350,8 @@ __device__ __forceinline__ float norm_scale(float ss, int K, float eps) {
   return rsqrtf(ss / (float)K + eps);
 }
 
-// aux: the residual [M, N] with RESID; eps: the norm's, with NORM.
+// aux: the residual [M, N] with RESID; eps: the norm's, with NORM or SCALE. sq: with SQUARES, the per-tile sums of
+// squares the epilogue writes ([M, N / 8]); with SCALE, those the product before wrote, sq_tiles of them (M == 1).
 // HIGH: tokens 8..15 exist (M > 8); otherwise the upper half of A is zeros and never loaded.
 // SWIGLU: W is [gate; up] (N rows, N/2 each) and out is silu(x @ gate^T) * (x @ up^T) [M, N/2]: tile j reads
 // gate rows 4j..4j+3 as its columns 0..3 and the matching up rows as 4..7, so lanes t and t + 2 of a quad
@@ -315,8 +360,11 @@ template <bool HIGH, int U, int MODE>
 __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                             __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
                                             int* __restrict__ counters, int M, int N, int K, const Warm& warm,
-                                            const __nv_bfloat16* __restrict__ aux, float eps) {
+                                            const __nv_bfloat16* __restrict__ aux, float eps, float* __restrict__ sq,
+                                            int sq_tiles) {
   constexpr bool SWIGLU = MODE & SWIGLU_BIT, NORM = MODE & NORM_BIT, RESID = MODE & RESID_BIT;
+  constexpr bool SQUARES = MODE & SQUARES_BIT, SCALE = MODE & SCALE_BIT;
+  static_assert(!(SCALE && (NORM || HIGH)) && (!SQUARES || RESID), "SCALE: one token, no NORM; SQUARES: with RESID");
   constexpr int F = NORM ? 8 : 4;  // per lane: the 4 sums, and with NORM the squares of tokens g, g + 8 (and 2 pad)
   extern __shared__ float red[];  // [NW][32][F]
   const Place p(K);
@@ -341,6 +389,8 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
   }
   pdl_launch_dependents();
   pdl_wait();  // x (and the output buffer) belong to earlier kernels: nothing of them is touched before this
+  float* sq_s = red + p.nw * 32 * F;  // SCALE: the partial sums, after the warps' sums
+  if (SCALE) copy_squares(sq_s, sq, sq_tiles);
   // RESID: the residual is loaded now, its latency hidden under the product's instead of added to the epilogue's.
   const int col = tile * 8 + 2 * t;
   __nv_bfloat162 res[2];
@@ -398,11 +448,16 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
 #pragma unroll
     for (int i = 6; i < F; ++i) all[i] = 0.f;
   }
+  if (SCALE) squares_copied();
   if (!sum_warps<F>(all, red, p) || !gather_splits<F>(all, ws, counters, p)) return;
   // all[0..1]: token g, columns 2t, 2t+1 of the tile; all[2..3]: token g+8.
   if (NORM) {
     const float r0 = norm_scale(all[4], K, eps), r1 = norm_scale(all[5], K, eps);
     all[0] *= r0; all[1] *= r0; all[2] *= r1; all[3] *= r1;
+  }
+  if (SCALE) {  // here, not before the warps' sum: there it cost 2 registers (a block less per SM at 4 warps)
+    const float r = scale_from_squares(sq_s, sq_tiles, K, eps, p);
+    all[0] *= r; all[1] *= r;
   }
   if (SWIGLU) {
     float up[4];
@@ -416,9 +471,20 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     return;
   }
   if (RESID) {
-    if (g < M) *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * N + col) = add_resid2(res[0], all[0], all[1]);
-    if (HIGH && g + 8 < M)
-      *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * N + col) = add_resid2(res[1], all[2], all[3]);
+    const __nv_bfloat162 o0 = add_resid2(res[0], all[0], all[1]);
+    if (g < M) *reinterpret_cast<__nv_bfloat162*>(out + (size_t)g * N + col) = o0;
+    if (SQUARES) {
+      const float s0 = quad_squares(o0, g < M);
+      if (t == 0 && g < M) sq[(size_t)g * gridDim.x + tile] = s0;
+    }
+    if (HIGH) {
+      const __nv_bfloat162 o1 = add_resid2(res[1], all[2], all[3]);
+      if (g + 8 < M) *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(g + 8) * N + col) = o1;
+      if (SQUARES) {
+        const float s1 = quad_squares(o1, g + 8 < M);
+        if (t == 0 && g + 8 < M) sq[(size_t)(g + 8) * gridDim.x + tile] = s1;
+      }
+    }
     return;
   }
   if (g < M)
@@ -438,7 +504,7 @@ template <int TOK, int U, int MODE>
 __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                                        __nv_bfloat16* __restrict__ out, float* __restrict__ ws,
                                        int* __restrict__ counters, int M, int N, int K, const Warm& warm,
-                                       const __nv_bfloat16* __restrict__ aux, float eps) {
+                                       const __nv_bfloat16* __restrict__ aux, float eps, float*, int) {
   constexpr bool SWIGLU = MODE & SWIGLU_BIT, NORM = MODE & NORM_BIT, RESID = MODE & RESID_BIT;
   constexpr int A = TOK > 8 ? 8 : 4;  // sums per lane: tokens 0..7, and 8..15 with TOK 16
   constexpr int F = NORM ? A + 4 : A;  // with NORM, the squares of tokens g and g + 8 (and 2 pad)
@@ -591,15 +657,16 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
 
 }  // namespace
 
-// Every entry has one signature: aux and eps are read only by the fusions that need them (see skinny_tile), trace
-// only by a TRACE build.
+// Every entry has one signature: aux, eps, sq and sq_tiles are read only by the fusions that need them (see
+// skinny_tile), trace only by a TRACE build.
 #define GEMM_ENTRY(NAME, BODY, P, U, MODE)                                                                     \
   extern "C" __global__ void NAME(const __nv_bfloat16* x, const __nv_bfloat16* w, __nv_bfloat16* out, float* ws, \
                                   int* counters, int M, int N, int K, const char* warm_a, int warm_a_bytes,       \
                                   const char* warm_b, int warm_b_bytes, const __nv_bfloat16* aux, float eps,      \
-                                  unsigned long long* trace) {                                                    \
+                                  unsigned long long* trace, float* sq, int sq_tiles) {                           \
     BlockTrace traced(trace);                                                                                     \
-    BODY<P, U, MODE>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}, aux, eps); \
+    BODY<P, U, MODE>(x, w, out, ws, counters, M, N, K, Warm{warm_a, warm_b, warm_a_bytes, warm_b_bytes}, aux, eps, \
+                     sq, sq_tiles);                                                                               \
   }
 
 #define GEMM_MODES(PREFIX, BODY, P, U)                                       \
@@ -612,6 +679,16 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
 GEMM_MODES(skinny_m8, skinny_tile, false, 2)
 GEMM_MODES(skinny_m8, skinny_tile, false, 4)
 GEMM_MODES(skinny_m8, skinny_tile, false, 8)
+
+// The one-row hand-over of the norm's squares (SQUARES, SCALE): 8-row tiles only.
+#define GEMM_SQUARES_MODES(PREFIX, U)                                                      \
+  GEMM_ENTRY(PREFIX##_u##U##_resid_sq, skinny_tile, false, U, RESID_BIT | SQUARES_BIT)     \
+  GEMM_ENTRY(PREFIX##_u##U##_scale, skinny_tile, false, U, SCALE_BIT)                      \
+  GEMM_ENTRY(PREFIX##_u##U##_scale_swiglu, skinny_tile, false, U, SCALE_BIT | SWIGLU_BIT)
+
+GEMM_SQUARES_MODES(skinny_m8, 2)
+GEMM_SQUARES_MODES(skinny_m8, 4)
+GEMM_SQUARES_MODES(skinny_m8, 8)
 GEMM_MODES(skinny_m16, skinny_tile, true, 2)
 GEMM_MODES(skinny_m16, skinny_tile, true, 4)
 GEMM_MODES(skinny_m16, skinny_tile, true, 8)

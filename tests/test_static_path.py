@@ -272,7 +272,12 @@ def test_norms_inside_the_products_compute_the_kernel_path(tmp_path, monkeypatch
         fold_norms(layer, ones)
     ids = torch.tensor([3, 17, 5, 99, 42])
     plain = model.forward(ids, 0, model.new_cache(16), capture=(1, 3), all_logits=True)
+    one = model.forward(ids[:1], 0, model.new_cache(16), capture=(1, 3), all_logits=True)  # a one-row step
     monkeypatch.setattr(ops, "fuses_norms", lambda h, w: True)
     monkeypatch.setattr(ops, "fuses_mlp_norm", lambda h: mlp_fused)
     fused = model.forward(ids, 0, model.new_cache(16), capture=(1, 3), all_logits=True)
     assert torch.equal(plain.logits, fused.logits) and torch.equal(plain.hidden, fused.hidden)
+    # One row takes the hand-over of the norm's squares (ops.linear_squares), which on the CPU keeps the norm.
+    assert ops.fuses_squares(ids[:1].view(1, 1)) and not ops.fuses_squares(ids.view(-1, 1))
+    fused_one = model.forward(ids[:1], 0, model.new_cache(16), capture=(1, 3), all_logits=True)
+    assert torch.equal(one.logits, fused_one.logits) and torch.equal(one.hidden, fused_one.hidden)

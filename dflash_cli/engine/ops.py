@@ -60,15 +60,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, then=None,
-           norm: float | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+           norm: float | None = None, residual: torch.Tensor | None = None,
+           squares: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight^T (+ bias). then: the weight the model reads next (a tensor, or a tuple of row blocks read side
     by side), whose first rows the CUDA GEMM fetches into L2 after its own (`warm_ranges`); a hint only.
     norm (eps): the product of x through an RMSNorm without weight (`unit_rms_norm`; a model folds the norm's
     weight into `weight`). residual: residual + the product. Where the CUDA GEMM takes the product
-    (`fuses_norms`), both happen inside it."""
+    (`fuses_norms`), both happen inside it. squares: with norm, x's partial sums of squares from the product that
+    wrote it (`linear_squares`), which the CUDA GEMM's norm then uses instead of summing x's squares itself; None,
+    or any other path: the norm is computed from x."""
     if bias is None and (gemm := fast_gemm(x, weight)) is not None:
         if _cuda_gemm and gemm is _cuda_gemm.skinny_linear:  # the Triton kernel has no warm-up
-            return _on_cuda_gemm(x, weight, then, norm, residual)
+            return _on_cuda_gemm(x, weight, then, norm, residual, squares=squares)
         out = gemm(_normed(x, norm), weight)
     else:
         out = F.linear(_normed(x, norm), weight, bias)
@@ -76,13 +79,35 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _on_cuda_gemm(x: torch.Tensor, weight: torch.Tensor, then, norm: float | None, residual: torch.Tensor | None = None,
-                  swiglu: bool = False) -> torch.Tensor:
+                  swiglu: bool = False, squares: torch.Tensor | None = None) -> torch.Tensor:
     """`linear` (or with swiglu, `swiglu`) on the CUDA GEMM: the norm and residual add inside it where it can
     take them (`_fusable`), else around it."""
     if _fusable(norm, residual, x, weight):
-        return _cuda_gemm.skinny_linear(x, weight, swiglu=swiglu, warm=warm_ranges(then), norm=norm, residual=residual)
+        if squares is not None and not _takes_squares(x, weight, squares):
+            squares = None
+        return _cuda_gemm.skinny_linear(x, weight, swiglu=swiglu, warm=warm_ranges(then), norm=norm, residual=residual,
+                                        squares=squares)
     out = _cuda_gemm.skinny_linear(_normed(x, norm), weight, swiglu=swiglu, warm=warm_ranges(then))
     return out if residual is None else residual + out
+
+
+def linear_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                   then=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`linear(x, weight, then=then, residual=residual)` and, where the CUDA GEMM takes the residual add in
+    (`fuses_squares`), the partial sums of squares of the result's rows that a norm of it can use (`linear`'s
+    squares): float32 [rows, N / 8]. None elsewhere."""
+    gemm = fast_gemm(x, weight) if fuses_squares(x) and _fusable(None, residual, x, weight) else None
+    if _cuda_gemm and gemm is _cuda_gemm.skinny_linear and _cuda_gemm.takes_squares(*x.shape[:1], *weight.shape):
+        sq = torch.empty((x.shape[0], weight.shape[0] // 8), dtype=torch.float32, device=x.device)
+        out = _cuda_gemm.skinny_linear(x, weight, warm=warm_ranges(then), residual=residual, squares_out=sq)
+        return out, sq
+    return linear(x, weight, then=then, residual=residual), None
+
+
+def _takes_squares(x: torch.Tensor, weight: torch.Tensor, squares: torch.Tensor) -> bool:
+    """Whether the CUDA GEMM's norm of x (one row) can take these partial sums of squares."""
+    return (x.shape[0] == 1 and squares.shape == (1, x.shape[1] // 8) and squares.shape[1] % 4 == 0
+            and _cuda_gemm.takes_squares(1, weight.shape[0], x.shape[1]))
 
 
 def _normed(x: torch.Tensor, eps: float | None) -> torch.Tensor:
@@ -134,6 +159,23 @@ def fuses_norms(h: torch.Tensor, weight: torch.Tensor) -> bool:
     skips the fused add + norm kernels between its products (all of them where `fuses_mlp_norm`)."""
     return (_NORMS_FUSED and h.shape[0] >= _QKV_NORM_MIN_ROWS and _GEMM == "auto" and weight.shape[0] < VOCAB_ROWS
             and _skinny(h, weight) and _cuda_gemm_for(h, weight) is not None)
+
+
+# One row (a decode step): the products that write the residual stream (o, down) also leave the partial sums of
+# squares of what they wrote, and the products that normalise it (gate/up; with 2, qkv too) take the norm's scale
+# from them (csrc/skinny_gemm.cu, SQUARES / SCALE): the add + norm kernel before gate/up goes. 0: that kernel stays.
+_NORM_SQUARES = env_number("DFLASH_NORM_SQUARES", 2, int)
+
+
+def fuses_squares(h: torch.Tensor) -> bool:
+    """Where `fuses_norms` and not `fuses_mlp_norm`: whether steps of h's rows hand the norm's squares over from
+    product to product (`linear_squares`) instead of keeping the add + norm kernel before gate/up."""
+    return _NORM_SQUARES > 0 and h.shape[0] == 1
+
+
+def squares_for_qkv(squares: torch.Tensor | None) -> torch.Tensor | None:
+    """The partial squares a qkv product takes (DFLASH_NORM_SQUARES=1: none, it sums x's squares itself)."""
+    return squares if _NORM_SQUARES >= 2 else None
 
 
 def fuses_mlp_norm(h: torch.Tensor) -> bool:
@@ -222,13 +264,14 @@ def _load_cuda_gemm(device: torch.device):
 _SWIGLU_FUSED = os.environ.get("DFLASH_SWIGLU_FUSED", "1") != "0"
 
 
-def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None, norm: float | None = None) -> torch.Tensor:
+def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None, norm: float | None = None,
+           squares: torch.Tensor | None = None) -> torch.Tensor:
     """An MLP's first half: silu(x @ gate^T) * (x @ up^T) with gate_up = [gate; up] ([2I, H]) -> [T, I].
     Where the CUDA GEMM takes the product, the activation runs in its epilogue (no kernel of its own).
-    then, norm: as in `linear`."""
+    then, norm, squares: as in `linear`."""
     if (_SWIGLU_FUSED and _GEMM == "auto" and gate_up.shape[0] < VOCAB_ROWS and _skinny(x, gate_up)
             and _cuda_gemm_for(x, gate_up) is not None):
-        return _on_cuda_gemm(x, gate_up, then, norm, swiglu=True)
+        return _on_cuda_gemm(x, gate_up, then, norm, swiglu=True, squares=squares)
     return silu_mul(linear(x, gate_up, then=then, norm=norm))
 
 

@@ -110,17 +110,25 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
     reads_next = [layer.qkv for layer in layers[1:]] + [read_after]
     if layers[0].norms_folded and ops.fuses_norms(h, layers[0].qkv):
         # Each norm runs inside the product after it, each residual add inside the product before it; with fewer
-        # rows the norm before gate/up keeps its add + norm kernel (see ops._QKV_NORM_MIN_ROWS).
-        mlp_fused = ops.fuses_mlp_norm(h)
+        # rows the norm before gate/up keeps its add + norm kernel (see ops._QKV_NORM_MIN_ROWS), except at one row,
+        # where o and down hand the norm's sums of squares to the products after them (ops.linear_squares).
+        mlp_fused, squares = ops.fuses_mlp_norm(h), ops.fuses_squares(h)
+        sq = None  # the partial squares of h from the product that wrote it
         for i, layer in enumerate(layers):
-            attn = self_attention(layer, h, cfg, span, i, scale, norm=eps)
+            attn = self_attention(layer, h, cfg, span, i, scale, norm=eps, squares=ops.squares_for_qkv(sq))
             if mlp_fused:
                 h = ops.linear(attn, layer.o, then=mlp_rows(layer), residual=h)
                 act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps)
+            elif squares:
+                h, sq = ops.linear_squares(attn, layer.o, h, then=mlp_rows(layer))
+                act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps, squares=sq)
             else:
                 h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
                 act = ops.swiglu(x, layer.gate_up, then=layer.down)
-            h = ops.linear(act, layer.down, then=reads_next[i], residual=h)
+            if squares:
+                h, sq = ops.linear_squares(act, layer.down, h, then=reads_next[i])
+            else:
+                h = ops.linear(act, layer.down, then=reads_next[i], residual=h)
             if i + 1 in capture:
                 captured[i + 1] = h
         return h, None if final_norm is None else ops.rms_norm(h, final_norm, eps), captured
@@ -141,17 +149,18 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
 
 
 def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span, index: int,
-                   scale: float, norm: float | None = None) -> torch.Tensor:
-    """x [T, hidden] (normed, or with `norm` (eps) the residual stream of a layer whose norm weight is folded)
+                   scale: float, norm: float | None = None, squares: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, hidden] (normed, or with `norm` (eps) the residual stream of a layer whose norm weight is folded,
+    `squares` its partial sums of squares where the product before left them: ops.linear)
     -> attention output [T, H*D] before o_proj: project, q/k norm + RoPE, write the span's KV, attend. Spans that
     can fuse the norm, RoPE and KV write do (`attend_fresh`)."""
     fused = getattr(span, "attend_fresh", None)
     if fused is None:
-        q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin, norm)
+        q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin, norm, squares)
         return span.attend(index, q, k, v, scale)
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
     q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias, then=read_after_qkv(layer, span, index),
-                         norm=norm).split([nh * d, nkv * d, nkv * d], dim=-1)
+                         norm=norm, squares=squares).split([nh * d, nkv * d, nkv * d], dim=-1)
     return fused(index, q.reshape(-1, nh, d), k.reshape(-1, nkv, d), v.reshape(-1, nkv, d), layer.q_norm,
                  layer.k_norm, cfg.rms_norm_eps, scale)
 
@@ -165,11 +174,12 @@ def read_after_qkv(layer: DecoderLayer, span, index: int):
     return layer.o
 
 
-def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos, sin, norm: float | None = None):
+def project_qkv_rope(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, cos, sin, norm: float | None = None,
+                     squares: torch.Tensor | None = None):
     """x: [T, hidden] (already normed, or as in `self_attention`) -> q [T, H, D], k, v [T, KV, D]; q/k normed and
     rotated at the rows' positions (cos/sin [T, D]); one fused kernel for both on the GPU."""
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    qkv = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o, norm=norm)
+    qkv = ops.linear(x, layer.qkv, layer.qkv_bias, then=layer.o, norm=norm, squares=squares)
     q, k, v = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
     q, k = ops.qk_norm_rope(q.reshape(-1, nh, d), k.reshape(-1, nkv, d), layer.q_norm, layer.k_norm,
                             cfg.rms_norm_eps, cos, sin)

@@ -221,6 +221,22 @@ def test_norm_and_residual_fusions_match_unfused_bf16(m):
                 r = torch.randn(m, n, dtype=bf, device=dev)
                 assert torch.equal(cuda_gemm.skinny_linear(h, w, cfg, residual=r), r + cuda_gemm.skinny_linear(h, w, cfg))
         via_ops = ops.swiglu(h, w, norm=eps) if swiglu else ops.linear(h, w, norm=eps)
+        if m <= 8 and cuda_gemm.takes_squares(m, k, n):
+            # The product that writes h (an [k, n] weight, residual add inside) leaves h's partial squares, and at
+            # one row the product after it takes its norm from them: the same up to the sum's order.
+            a, wa, r = torch.randn(m, n, dtype=bf, device=dev), torch.randn(k, n, dtype=bf, device=dev) * 0.05, h
+            sq = torch.full((m, k // 8), float("nan"), device=dev)
+            out = cuda_gemm.skinny_linear(a, wa, residual=r, squares_out=sq)
+            assert torch.equal(out, ops.linear(a, wa, residual=r))
+            assert torch.allclose(sq, out.float().view(m, k // 8, 8).pow(2).sum(-1), rtol=1e-5, atol=1e-6)
+            if m == 1:
+                out2, sq2 = ops.linear_squares(a, wa, r)
+                assert ops.fuses_squares(a) and torch.equal(out2, out) and torch.equal(sq2, sq)
+                scaled = cuda_gemm.skinny_linear(out, w, swiglu=swiglu, norm=eps, squares=sq)
+                normed = cuda_gemm.skinny_linear(out, w, swiglu=swiglu, norm=eps)
+                assert ((scaled.float() - normed.float()).abs() > 1e-2 * normed.float().abs() + 1e-3).sum() == 0
+                assert torch.equal(scaled, ops.swiglu(out, w, norm=eps, squares=sq) if swiglu
+                                   else ops.linear(out, w, norm=eps, squares=sq))
         assert ops.fuses_norms(h, w) == (m >= ops._QKV_NORM_MIN_ROWS) and ops.folds_norms(dev, bf)
         assert ops.fuses_mlp_norm(h) == (m >= ops._NORMS_FUSED_MIN_ROWS)
         assert err(via_ops, ref) <= 1e-2

@@ -110,13 +110,17 @@ def fits(n: int, config: tuple) -> bool:
 
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None, swiglu: bool = False,
-                  warm: tuple = (), norm: float | None = None,
-                  residual: torch.Tensor | None = None) -> torch.Tensor:
+                  warm: tuple = (), norm: float | None = None, residual: torch.Tensor | None = None,
+                  squares: torch.Tensor | None = None, squares_out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T in bf16 with M <= 16 (check `supports` first). With `swiglu`, w is [gate; up] and
     the result silu(x @ gate^T) * (x @ up^T) [M, N/2], the activation applied in the kernel's epilogue.
     norm (eps): x is a residual stream h and the product is rms_norm(h, eps) @ w^T, an RMSNorm without weight
     (the caller folds one into w's columns) inside the kernel. residual [M, N]: the result is residual + x @ w^T
     (not with swiglu).
+    squares (one row, with norm): the [1, T] float32 partial sums of squares of x that the product which wrote x
+    left (`squares_out`); the norm's scale comes from them (T % 4 == 0), not from x. squares_out (with residual, up
+    to 8 rows): a float32 [M, N / 8] tensor the kernel fills with each 8-column tile's sum of the squares of each
+    row's results, as rounded. Both run on 8-row tiles only (`takes_squares`).
     warm: up to two (address, bytes) ranges, 16-byte aligned, that the blocks fetch into L2 after their loads."""
     mod = _module(x.device)
     m, k = x.shape
@@ -126,15 +130,23 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
         raise ValueError(f"plan {config} does not fit a [{n}, {k}] weight")
     warps, splits, unroll, kind = _unpack(config)
     out = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
-    aux, eps, mode = 0, 0.0, ""
+    aux, eps, mode, sq, sq_tiles = 0, 0.0, "", 0, 0
     if norm is not None:
         eps, mode = float(norm), "_norm"
+        if squares is not None:
+            assert m == 1 and kind == "tile8" and squares.dtype == torch.float32 and squares.is_contiguous()
+            assert squares.shape[0] == 1 and squares.shape[1] % 4 == 0 and squares.shape[1] * 8 == k
+            mode, sq, sq_tiles = "_scale", squares.data_ptr(), squares.shape[1]
     if residual is not None:
         assert norm is None and not swiglu and residual.shape == out.shape and residual.dtype == x.dtype
         assert residual.is_contiguous()
         aux, mode = residual.data_ptr(), "_resid"
+        if squares_out is not None:
+            assert m <= 8 and kind == "tile8" and squares_out.shape == (m, n // 8) and squares_out.is_contiguous()
+            assert squares_out.dtype == torch.float32
+            mode, sq = "_resid_sq", squares_out.data_ptr()
     suffix = mode + ("_swiglu" if swiglu else "")
-    floats = 4 * ((2 if kind == "tile16" and m > 8 else 1) + (norm is not None))  # per lane: sums, squares
+    floats = 4 * ((2 if kind == "tile16" and m > 8 else 1) + (mode == "_norm"))  # per lane: sums, squares
     if kind == "tile16":
         name, grid = f"tile16_t{8 if m <= 8 else 16}_u{unroll}{suffix}", (n // 16, splits)
     else:
@@ -143,11 +155,17 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
         raise ValueError(f"the kernel warms at most two ranges, got {len(warm)}")
     (a, a_bytes), (b, b_bytes) = (tuple(warm) + ((0, 0), (0, 0)))[:2]
     trace = block_trace.buffer(f"gemm:{w.data_ptr()}", grid, x.device) if block_trace.ON else None
-    mod.launch(name, grid, warps * 32, warps * 32 * floats * 4,
+    mod.launch(name, grid, warps * 32, (warps * 32 * floats + sq_tiles) * 4,
                [Ptr(x.data_ptr()), Ptr(w.data_ptr()), Ptr(out.data_ptr()), Ptr(mod.ws.data_ptr()),
                 Ptr(mod.counters.data_ptr()), m, n, k, Ptr(a), a_bytes, Ptr(b), b_bytes, Ptr(aux), eps,
-                Ptr(trace.data_ptr() if trace is not None else 0)])
+                Ptr(trace.data_ptr() if trace is not None else 0), Ptr(sq), sq_tiles])
     return out
+
+
+def takes_squares(m: int, n: int, k: int) -> bool:
+    """Whether the product of m rows with an [n, k] weight runs on 8-row tiles (`plan`): the only ones with
+    `skinny_linear`'s squares and squares_out."""
+    return m <= 8 and _unpack(plan(m, n, k))[3] == "tile8"
 
 
 def unavailable_reason(device: torch.device) -> str | None:
