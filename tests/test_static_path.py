@@ -258,6 +258,37 @@ def test_folded_norm_weights_give_the_same_model(tmp_path):
     assert all(layer.norms_folded for layer in folded.layers) and not plain.layers[0].norms_folded
 
 
+@pytest.mark.parametrize("path", ["eager", "static"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_folded_dflash_drafter_drafts_as_the_unfolded_one(tmp_path, monkeypatch, path, fused):
+    """A DFlash drafter loaded where the GPU folds norm weights (ops.folds_norms) folds its layers' norms into
+    their products and hidden_norm into the stacked context k/v product, built from the layers' unfolded k/v rows
+    (the context skips the layers' input norm): its context rows and drafts are the unfolded drafter's, up to
+    rounding, on the eager and the device-position paths, with the norms in their own kernels or inside the
+    products (`fused`, what the GPU runs)."""
+    from dflash_cli.engine import ops
+
+    target_dir = make_qwen3(tmp_path / "t", seed=31, num_hidden_layers=4)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    target = Qwen3Model.load(target_dir)
+    drafter_dir = make_dflash(tmp_path / "d", cfg, seed=32, block_size=6, target_layer_ids=[1, 2])
+    plain = DFlashDrafter.load(drafter_dir, target)
+    monkeypatch.setattr(ops, "folds_norms", lambda device, dtype: True)
+    folded = DFlashDrafter.load(drafter_dir, target)
+    assert folded.norms_folded and all(layer.norms_folded for layer in folded.layers) and not plain.norms_folded
+    if fused:
+        monkeypatch.setattr(ops, "fuses_norms", lambda h, w: True)
+    hidden = torch.randn(9, len(plain.capture) * plain.cfg.hidden_size)
+    for d in (plain, folded):
+        d.reset(64, path)
+        d.absorb(hidden[:7], 0)  # a prompt: the eager context path
+        d.absorb(hidden[7:], 7)  # a step's rows: the stacked one (a graph's on "static")
+    torch.testing.assert_close(folded.cache.k[:, :9], plain.cache.k[:, :9], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(folded.cache.v[:, :9], plain.cache.v[:, :9], rtol=1e-4, atol=1e-5)
+    for n in (5, 1):
+        torch.testing.assert_close(folded.draft_logits(42, n), plain.draft_logits(42, n), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("mlp_fused", [True, False])
 def test_norms_inside_the_products_compute_the_kernel_path(tmp_path, monkeypatch, mlp_fused):
     """A folded model's layers with the norms and residual adds inside the products (what the GPU runs: every one

@@ -10,6 +10,7 @@ are cached across steps; only newly committed tokens' rows are appended.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -21,9 +22,13 @@ from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, layer_shapes, project_kv, run_layers
+from .decoder import DecoderLayer, fold_norms, layer_shapes, project_kv, run_layers
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+# The layers' norms folded into the products where the target's are (ops.folds_norms); 0: kept as kernels.
+_FOLD = os.environ.get("DFLASH_DRAFTER_FOLD", "1") != "0"
 
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -90,6 +95,32 @@ class DFlashDrafter:
         self.offsets = torch.arange(c.block_size, device=self.device)  # a block's rows, relative to its start
         self.masks = torch.full((c.block_size,), c.mask_token_id, device=self.device)
         self.ctx_len = 0
+        self.norms_folded = False
+        if _FOLD and ops.folds_norms(self.device, self.dtype):  # as the target: the GPU's products run the norms
+            self._fold_norms()
+
+    def _fold_norms(self) -> None:
+        """The layers' norm weights into their products (decoder.fold_norms), and hidden_norm's into the stacked
+        context k/v product. The context rows' keys and values skip the layers' input norm (they are projected
+        from hidden_norm's output), so that product is stacked first, from the layers' unfolded k/v rows."""
+        self._stack_ctx_kv()
+        self.ctx_kv[0].mul_(self.hidden_norm)
+        ones = torch.ones(self.cfg.hidden_size, dtype=self.dtype, device=self.device)
+        for layer in self.layers:
+            fold_norms(layer, ones)
+        self.norms_folded = True
+
+    def _stack_ctx_kv(self) -> None:
+        """Every layer's k/v rows (and biases) stacked into one weight, once."""
+        if self.ctx_kv is not None:
+            return
+        m = self.cfg
+        q_rows = m.num_attention_heads * m.head_dim
+        bias = None
+        if self.layers[0].qkv_bias is not None:
+            bias = torch.cat([layer.qkv_bias[q_rows:] for layer in self.layers])
+        self.ctx_kv = (torch.cat([layer.qkv[q_rows:] for layer in self.layers]), bias)
+        self.ctx_k_norms = torch.stack([layer.k_norm for layer in self.layers])
 
     @classmethod
     def load(cls, path: Path, target) -> "DFlashDrafter":
@@ -154,23 +185,23 @@ class DFlashDrafter:
         """Project target states into each layer's context keys/values and write them through `span`.
 
         stacked: every layer's k/v projection as one product over a stacked copy of their weights (made on
-        first use). Per step a few rows are absorbed, and one weight stream beats 2 x layers small ones."""
+        first use). Per step a few rows are absorbed, and one weight stream beats 2 x layers small ones. With the
+        norms folded (`_fold_norms`) the stacked product is the only one that has the context's weights, and
+        hidden_norm runs inside it."""
         m = self.cfg
-        ctx = ops.rms_norm(ops.linear(hidden, self.fc), self.hidden_norm, m.rms_norm_eps)
-        if not stacked:  # training runs this path: its parameters are the layers' own tensors
-            for i, layer in enumerate(self.layers):
-                k, v = project_kv(layer, ctx, m)
-                span.write(i, ops.apply_rope(k, span.cos, span.sin), v)
-            return
-        if self.ctx_kv is None:
-            q_rows = m.num_attention_heads * m.head_dim
-            bias = None
-            if self.layers[0].qkv_bias is not None:
-                bias = torch.cat([layer.qkv_bias[q_rows:] for layer in self.layers])
-            self.ctx_kv = (torch.cat([layer.qkv[q_rows:] for layer in self.layers]), bias)
-            self.ctx_k_norms = torch.stack([layer.k_norm for layer in self.layers])
+        if self.norms_folded:
+            kv = ops.linear(ops.linear(hidden, self.fc), *self.ctx_kv, norm=m.rms_norm_eps)
+        else:
+            ctx = ops.rms_norm(ops.linear(hidden, self.fc), self.hidden_norm, m.rms_norm_eps)
+            if not stacked:  # training runs this path: its parameters are the layers' own tensors
+                for i, layer in enumerate(self.layers):
+                    k, v = project_kv(layer, ctx, m)
+                    span.write(i, ops.apply_rope(k, span.cos, span.sin), v)
+                return
+            self._stack_ctx_kv()
+            kv = ops.linear(ctx, *self.ctx_kv)
         # Per layer [keys | values]: [T, layers, 2, KV, D]; all layers' norm, RoPE and writes in one kernel.
-        kv = ops.linear(ctx, *self.ctx_kv).view(ctx.shape[0], len(self.layers), 2, m.num_key_value_heads, m.head_dim)
+        kv = kv.view(hidden.shape[0], len(self.layers), 2, m.num_key_value_heads, m.head_dim)
         span.write_layers(kv[:, :, 0], kv[:, :, 1], self.ctx_k_norms, m.rms_norm_eps)
 
     def draft_after(self, hidden: torch.Tensor, start: int, accepted: torch.Tensor, bonus: torch.Tensor,

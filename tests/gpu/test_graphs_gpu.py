@@ -133,3 +133,28 @@ def test_speculative_is_lossless_with_graphs_fp32(kind):
             assert near_tie(model, prompt + plain.tokens, len(prompt) + d, "eager") < 0.01, (kind, trial, d)
         else:
             assert plain.tokens == spec.tokens
+
+
+def test_folded_dflash_drafter_matches_unfolded_bf16(monkeypatch):
+    """The DFlash drafter as loaded on the GPU (norm weights folded into its products, hidden_norm into the stacked
+    context k/v product; its norms then run inside the products) against the same drafter unfolded: the same context
+    keys and values and draft logits up to bf16 rounding, on graphs, for a 16-row block and a 2-row one."""
+    from dflash_cli.engine import ops
+
+    target = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
+    folded = random_drafter("qwen3-4b", "dflash", target)
+    monkeypatch.setattr(ops, "folds_norms", lambda device, dtype: False)
+    plain = random_drafter("qwen3-4b", "dflash", target)
+    assert folded.norms_folded and not plain.norms_folded
+    hidden = torch.randn(40, len(plain.capture) * plain.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    for d in (plain, folded):
+        d.reset(256, "graphs")
+        d.absorb(hidden[:24], 0)  # a prompt (eager)
+        d.absorb(hidden[24:], 24)  # a step's 16 rows (the absorb graph)
+    err = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+    assert err(folded.cache.k[:, :40], plain.cache.k[:, :40]) <= 2e-2
+    assert err(folded.cache.v[:, :40], plain.cache.v[:, :40]) <= 2e-2
+    for n in (folded.block_size - 1, 1):
+        a, b = folded.draft_logits(7, n), plain.draft_logits(7, n)
+        print(f"[folded_dflash] rows {n + 1}: draft logits rel err {err(a, b):.2e}")
+        assert err(a, b) <= 3e-2, n
