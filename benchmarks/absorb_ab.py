@@ -4,7 +4,10 @@ every drafter layer vs one product per layer, as graph replays. Random Qwen3-4B 
 import os
 import sys
 
-import torch
+# The per-layer path reads the layers' own k/v rows, which a folded drafter's context rows do not use.
+os.environ.setdefault("DFLASH_DRAFTER_FOLD", "0")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

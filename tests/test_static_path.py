@@ -308,7 +308,12 @@ def test_norms_inside_the_products_compute_the_kernel_path(tmp_path, monkeypatch
     monkeypatch.setattr(ops, "fuses_mlp_norm", lambda h: mlp_fused)
     fused = model.forward(ids, 0, model.new_cache(16), capture=(1, 3), all_logits=True)
     assert torch.equal(plain.logits, fused.logits) and torch.equal(plain.hidden, fused.hidden)
-    # One row takes the hand-over of the norm's squares (ops.linear_squares), which on the CPU keeps the norm.
+    # One row takes the hand-over of the norm's squares (ops.linear_squares: o and down, each layer), which on the
+    # CPU keeps the norm.
     assert ops.fuses_squares(ids[:1].view(1, 1)) and not ops.fuses_squares(ids.view(-1, 1))
+    calls = []
+    real = ops.linear_squares
+    monkeypatch.setattr(ops, "linear_squares", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
     fused_one = model.forward(ids[:1], 0, model.new_cache(16), capture=(1, 3), all_logits=True)
     assert torch.equal(one.logits, fused_one.logits) and torch.equal(one.hidden, fused_one.hidden)
+    assert len(calls) == (1 if mlp_fused else 2) * len(model.layers)  # with mlp_fused, down only

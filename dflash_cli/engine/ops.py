@@ -107,6 +107,7 @@ def linear_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
 def _takes_squares(x: torch.Tensor, weight: torch.Tensor, squares: torch.Tensor) -> bool:
     """Whether the CUDA GEMM's norm of x (one row) can take these partial sums of squares."""
     return (x.shape[0] == 1 and squares.shape == (1, x.shape[1] // 8) and squares.shape[1] % 4 == 0
+            and squares.dtype == torch.float32 and squares.is_contiguous() and squares.data_ptr() % 16 == 0
             and _cuda_gemm.takes_squares(1, weight.shape[0], x.shape[1]))
 
 
@@ -168,14 +169,15 @@ _NORM_SQUARES = env_number("DFLASH_NORM_SQUARES", 2, int)
 
 
 def fuses_squares(h: torch.Tensor) -> bool:
-    """Where `fuses_norms` and not `fuses_mlp_norm`: whether steps of h's rows hand the norm's squares over from
-    product to product (`linear_squares`) instead of keeping the add + norm kernel before gate/up."""
+    """Whether steps of h's rows (where `fuses_norms` and not `fuses_mlp_norm`; the caller checks) hand the norm's
+    squares from o to gate/up (`linear_squares`) instead of keeping the add + norm kernel before gate/up."""
     return _NORM_SQUARES > 0 and h.shape[0] == 1
 
 
-def squares_for_qkv(squares: torch.Tensor | None) -> torch.Tensor | None:
-    """The partial squares a qkv product takes (DFLASH_NORM_SQUARES=1: none, it sums x's squares itself)."""
-    return squares if _NORM_SQUARES >= 2 else None
+def fuses_qkv_squares(h: torch.Tensor) -> bool:
+    """Where `fuses_squares`: whether down hands them to the next layer's qkv too (DFLASH_NORM_SQUARES=1: qkv sums
+    x's squares itself)."""
+    return fuses_squares(h) and _NORM_SQUARES >= 2
 
 
 def fuses_mlp_norm(h: torch.Tensor) -> bool:

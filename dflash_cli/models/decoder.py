@@ -112,10 +112,10 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
         # Each norm runs inside the product after it, each residual add inside the product before it; with fewer
         # rows the norm before gate/up keeps its add + norm kernel (see ops._QKV_NORM_MIN_ROWS), except at one row,
         # where o and down hand the norm's sums of squares to the products after them (ops.linear_squares).
-        mlp_fused, squares = ops.fuses_mlp_norm(h), ops.fuses_squares(h)
+        mlp_fused, squares, qkv_squares = ops.fuses_mlp_norm(h), ops.fuses_squares(h), ops.fuses_qkv_squares(h)
         sq = None  # the partial squares of h from the product that wrote it
         for i, layer in enumerate(layers):
-            attn = self_attention(layer, h, cfg, span, i, scale, norm=eps, squares=ops.squares_for_qkv(sq))
+            attn = self_attention(layer, h, cfg, span, i, scale, norm=eps, squares=sq if qkv_squares else None)
             if mlp_fused:
                 h = ops.linear(attn, layer.o, then=mlp_rows(layer), residual=h)
                 act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps)
@@ -125,7 +125,7 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
             else:
                 h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
                 act = ops.swiglu(x, layer.gate_up, then=layer.down)
-            if squares:
+            if qkv_squares:
                 h, sq = ops.linear_squares(act, layer.down, h, then=reads_next[i])
             else:
                 h = ops.linear(act, layer.down, then=reads_next[i], residual=h)

@@ -77,7 +77,10 @@ def checkpoint_shapes(c: DFlashConfig) -> dict[str, tuple[int, ...]]:
 
 
 class DFlashDrafter:
-    def __init__(self, c: DFlashConfig, tensors: dict[str, torch.Tensor], target, source: str = "drafter"):
+    def __init__(self, c: DFlashConfig, tensors: dict[str, torch.Tensor], target, source: str = "drafter",
+                 fold: bool = True):
+        """fold: fold the norms where the GPU runs them inside the products (`_fold_norms`); training passes False,
+        since a folded drafter's context rows no longer read the layers' k/v rows or hidden_norm."""
         _check_target(c, target, source)
         self.c, self.cfg, self.target = c, c.model, target
         self.device, self.dtype = target.device, target.dtype
@@ -96,8 +99,8 @@ class DFlashDrafter:
         self.masks = torch.full((c.block_size,), c.mask_token_id, device=self.device)
         self.ctx_len = 0
         self.norms_folded = False
-        if _FOLD and ops.folds_norms(self.device, self.dtype):  # as the target: the GPU's products run the norms
-            self._fold_norms()
+        if fold and _FOLD and ops.folds_norms(self.device, self.dtype):  # as the target's: the GPU's products run
+            self._fold_norms()  # the norms
 
     def _fold_norms(self) -> None:
         """The layers' norm weights into their products (decoder.fold_norms), and hidden_norm's into the stacked

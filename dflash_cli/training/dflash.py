@@ -28,7 +28,7 @@ def config(p: Preset, eos_id: int, mask_id: int) -> dict:
 def build(p: Preset, target, eos_id: int, mask_id: int, seed: int) -> tuple[DFlashDrafter, list]:
     c = DFlashConfig(config(p, eos_id, mask_id), Path("config.json"))
     tensors = init_tensors(checkpoint_shapes(c), torch.Generator().manual_seed(seed), p.dflash_layers)
-    drafter = DFlashDrafter(c, {k: v.to(target.device) for k, v in tensors.items()}, target)
+    drafter = DFlashDrafter(c, {k: v.to(target.device) for k, v in tensors.items()}, target, fold=False)
     params = make_trainable(drafter, ["fc", "hidden_norm", "norm"])
     for layer in drafter.layers:
         params += layer_trainable(layer)

@@ -225,18 +225,30 @@ def test_norm_and_residual_fusions_match_unfused_bf16(m):
             # The product that writes h (an [k, n] weight, residual add inside) leaves h's partial squares, and at
             # one row the product after it takes its norm from them: the same up to the sum's order.
             a, wa, r = torch.randn(m, n, dtype=bf, device=dev), torch.randn(k, n, dtype=bf, device=dev) * 0.05, h
-            sq = torch.full((m, k // 8), float("nan"), device=dev)
-            out = cuda_gemm.skinny_linear(a, wa, residual=r, squares_out=sq)
-            assert torch.equal(out, ops.linear(a, wa, residual=r))
-            assert torch.allclose(sq, out.float().view(m, k // 8, 8).pow(2).sum(-1), rtol=1e-5, atol=1e-6)
+            for cfg in (None, (1, 1, 2), (4, 2, 4), (8, 4, 8)):  # one warp, K splits, unrolls
+                if cfg and (not cuda_gemm.fits(k, cfg) or n // 32 < cfg[0] * cfg[1]):
+                    continue
+                sq = torch.full((m, k // 8), float("nan"), device=dev)
+                out = cuda_gemm.skinny_linear(a, wa, cfg, residual=r, squares_out=sq)
+                assert torch.equal(out, r + cuda_gemm.skinny_linear(a, wa, cfg)), cfg
+                assert torch.allclose(sq, out.float().view(m, k // 8, 8).pow(2).sum(-1), rtol=1e-5, atol=1e-6), cfg
             if m == 1:
-                out2, sq2 = ops.linear_squares(a, wa, r)
-                assert ops.fuses_squares(a) and torch.equal(out2, out) and torch.equal(sq2, sq)
+                out, sq = ops.linear_squares(a, wa, r)
+                assert ops.fuses_squares(a) and sq is not None and torch.equal(out, ops.linear(a, wa, residual=r))
+                assert torch.allclose(sq, out.float().view(m, k // 8, 8).pow(2).sum(-1), rtol=1e-5, atol=1e-6)
                 scaled = cuda_gemm.skinny_linear(out, w, swiglu=swiglu, norm=eps, squares=sq)
                 normed = cuda_gemm.skinny_linear(out, w, swiglu=swiglu, norm=eps)
                 assert ((scaled.float() - normed.float()).abs() > 1e-2 * normed.float().abs() + 1e-3).sum() == 0
-                assert torch.equal(scaled, ops.swiglu(out, w, norm=eps, squares=sq) if swiglu
-                                   else ops.linear(out, w, norm=eps, squares=sq))
+
+                def via(s):
+                    return ops.swiglu(out, w, norm=eps, squares=s) if swiglu else ops.linear(out, w, norm=eps, squares=s)
+
+                assert torch.equal(scaled, via(sq)) and not torch.equal(via(sq * 4), scaled)  # the squares are read
+                for cfg in ((1, 1, 2), (4, 2, 4), (8, 4, 8)):  # against NORM under the same plan (same sums)
+                    if cuda_gemm.fits(n, cfg) and k // 32 >= cfg[0] * cfg[1]:
+                        got = cuda_gemm.skinny_linear(out, w, cfg, swiglu=swiglu, norm=eps, squares=sq).float()
+                        want = cuda_gemm.skinny_linear(out, w, cfg, swiglu=swiglu, norm=eps).float()
+                        assert ((got - want).abs() > 1e-2 * want.abs() + 1e-3).sum() == 0, cfg
         assert ops.fuses_norms(h, w) == (m >= ops._QKV_NORM_MIN_ROWS) and ops.folds_norms(dev, bf)
         assert ops.fuses_mlp_norm(h) == (m >= ops._NORMS_FUSED_MIN_ROWS)
         assert err(via_ops, ref) <= 1e-2

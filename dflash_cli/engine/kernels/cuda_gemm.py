@@ -134,16 +134,14 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
     if norm is not None:
         eps, mode = float(norm), "_norm"
         if squares is not None:
-            assert m == 1 and kind == "tile8" and squares.dtype == torch.float32 and squares.is_contiguous()
-            assert squares.shape[0] == 1 and squares.shape[1] % 4 == 0 and squares.shape[1] * 8 == k
+            _check_squares(squares, (1, k // 8), m == 1 and kind == "tile8" and (k // 8) % 4 == 0)
             mode, sq, sq_tiles = "_scale", squares.data_ptr(), squares.shape[1]
     if residual is not None:
         assert norm is None and not swiglu and residual.shape == out.shape and residual.dtype == x.dtype
         assert residual.is_contiguous()
         aux, mode = residual.data_ptr(), "_resid"
         if squares_out is not None:
-            assert m <= 8 and kind == "tile8" and squares_out.shape == (m, n // 8) and squares_out.is_contiguous()
-            assert squares_out.dtype == torch.float32
+            _check_squares(squares_out, (m, n // 8), m <= 8 and kind == "tile8")
             mode, sq = "_resid_sq", squares_out.data_ptr()
     suffix = mode + ("_swiglu" if swiglu else "")
     floats = 4 * ((2 if kind == "tile16" and m > 8 else 1) + (mode == "_norm"))  # per lane: sums, squares
@@ -160,6 +158,14 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
                 Ptr(mod.counters.data_ptr()), m, n, k, Ptr(a), a_bytes, Ptr(b), b_bytes, Ptr(aux), eps,
                 Ptr(trace.data_ptr() if trace is not None else 0), Ptr(sq), sq_tiles])
     return out
+
+
+def _check_squares(t: torch.Tensor, shape: tuple, plan_ok: bool) -> None:
+    """A squares tensor the kernel can read or write: float32, contiguous, 16-byte aligned (cp.async), of `shape`,
+    for a launch that takes them (`takes_squares`)."""
+    if not (plan_ok and t.dtype == torch.float32 and t.is_contiguous() and t.data_ptr() % 16 == 0
+            and tuple(t.shape) == shape and t.device.type == "cuda"):
+        raise ValueError(f"squares {tuple(t.shape)} {t.dtype}: not a float32 {shape} tensor this launch takes")
 
 
 def takes_squares(m: int, n: int, k: int) -> bool:
