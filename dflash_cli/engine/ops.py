@@ -83,7 +83,7 @@ def _on_cuda_gemm(x: torch.Tensor, weight: torch.Tensor, then, norm: float | Non
     """`linear` (or with swiglu, `swiglu`) on the CUDA GEMM: the norm and residual add inside it where it can
     take them (`_fusable`), else around it."""
     if _fusable(norm, residual, x, weight):
-        if squares is not None and not _takes_squares(x, weight, squares):
+        if squares is not None and not _cuda_gemm.reads_squares(x, weight, squares):
             squares = None
         return _cuda_gemm.skinny_linear(x, weight, swiglu=swiglu, warm=warm_ranges(then), norm=norm, residual=residual,
                                         squares=squares)
@@ -97,18 +97,11 @@ def linear_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
     (`fuses_squares`), the partial sums of squares of the result's rows that a norm of it can use (`linear`'s
     squares): float32 [rows, N / 8]. None elsewhere."""
     gemm = fast_gemm(x, weight) if fuses_squares(x) and _fusable(None, residual, x, weight) else None
-    if _cuda_gemm and gemm is _cuda_gemm.skinny_linear and _cuda_gemm.takes_squares(*x.shape[:1], *weight.shape):
+    if _cuda_gemm and gemm is _cuda_gemm.skinny_linear and _cuda_gemm.takes_squares(x.shape[0], *weight.shape):
         sq = torch.empty((x.shape[0], weight.shape[0] // 8), dtype=torch.float32, device=x.device)
         out = _cuda_gemm.skinny_linear(x, weight, warm=warm_ranges(then), residual=residual, squares_out=sq)
         return out, sq
     return linear(x, weight, then=then, residual=residual), None
-
-
-def _takes_squares(x: torch.Tensor, weight: torch.Tensor, squares: torch.Tensor) -> bool:
-    """Whether the CUDA GEMM's norm of x (one row) can take these partial sums of squares."""
-    return (x.shape[0] == 1 and squares.shape == (1, x.shape[1] // 8) and squares.shape[1] % 4 == 0
-            and squares.dtype == torch.float32 and squares.is_contiguous() and squares.data_ptr() % 16 == 0
-            and _cuda_gemm.takes_squares(1, weight.shape[0], x.shape[1]))
 
 
 def _normed(x: torch.Tensor, eps: float | None) -> torch.Tensor:

@@ -160,12 +160,22 @@ def skinny_linear(x: torch.Tensor, w: torch.Tensor, config: tuple | None = None,
     return out
 
 
+def _squares_fit(t: torch.Tensor, shape: tuple, plan_ok: bool) -> bool:
+    """Whether the kernel can read or write this squares tensor: float32, contiguous, 16-byte aligned (cp.async), of
+    `shape`, for a launch that takes them (`takes_squares`)."""
+    return (plan_ok and t.dtype == torch.float32 and t.is_contiguous() and t.data_ptr() % 16 == 0
+            and tuple(t.shape) == shape and t.device.type == "cuda")
+
+
 def _check_squares(t: torch.Tensor, shape: tuple, plan_ok: bool) -> None:
-    """A squares tensor the kernel can read or write: float32, contiguous, 16-byte aligned (cp.async), of `shape`,
-    for a launch that takes them (`takes_squares`)."""
-    if not (plan_ok and t.dtype == torch.float32 and t.is_contiguous() and t.data_ptr() % 16 == 0
-            and tuple(t.shape) == shape and t.device.type == "cuda"):
+    if not _squares_fit(t, shape, plan_ok):
         raise ValueError(f"squares {tuple(t.shape)} {t.dtype}: not a float32 {shape} tensor this launch takes")
+
+
+def reads_squares(x: torch.Tensor, w: torch.Tensor, squares: torch.Tensor) -> bool:
+    """Whether `skinny_linear(x, w, norm=..., squares=squares)` on its default plan takes these squares."""
+    m, k = x.shape
+    return _squares_fit(squares, (1, k // 8), m == 1 and (k // 8) % 4 == 0 and takes_squares(m, w.shape[0], k))
 
 
 def takes_squares(m: int, n: int, k: int) -> bool:
