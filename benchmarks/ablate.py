@@ -5,7 +5,8 @@ ABLATE is a comma list of
   norms   - the residual add + RMSNorm kernels (x is the GEMM's output, h unchanged)
   qkrope  - the fused q/k-norm + RoPE + cache-write kernel (q passes through)
   merge   - the attention merge kernel (the split kernel still runs)
-  attn    - the attention split and merge kernels (an empty output)
+  attn    - the attention split and merge kernels, and the fresh path's (q/k norm, RoPE, cache write; an empty
+            output)
 The output is garbage; only the timing means something. Each variant runs in its own process (the patches
 are module attributes read at capture). Prints one line per variant: `ablate <name>: decode ... ms`.
 """
@@ -38,6 +39,10 @@ def patch(parts: set[str]) -> None:
         attention._merge_kernel = _NoLaunch()
     if "attn" in parts:
         ops.attention_window = lambda q, k, v, limit, scale: torch.empty(
+            (q.shape[0], q.shape[1] * q.shape[2]), dtype=q.dtype, device=q.device)
+        # Decode steps and short spans attend straight from the projection (q/k norm, RoPE and the cache write
+        # inside the split kernel): those go too.
+        ops.attend_fresh = lambda q, *args: torch.empty(
             (q.shape[0], q.shape[1] * q.shape[2]), dtype=q.dtype, device=q.device)
 
 
