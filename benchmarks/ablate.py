@@ -38,12 +38,14 @@ def patch(parts: set[str]) -> None:
     if "merge" in parts:
         attention._merge_kernel = _NoLaunch()
     if "attn" in parts:
-        ops.attention_window = lambda q, k, v, limit, scale: torch.empty(
-            (q.shape[0], q.shape[1] * q.shape[2]), dtype=q.dtype, device=q.device)
-        # Decode steps and short spans attend straight from the projection (q/k norm, RoPE and the cache write
-        # inside the split kernel): those go too.
-        ops.attend_fresh = lambda q, *args: torch.empty(
-            (q.shape[0], q.shape[1] * q.shape[2]), dtype=q.dtype, device=q.device)
+        # Decode steps and short spans attend straight from the projection (attend_fresh: q/k norm, RoPE and the
+        # cache write inside the split kernel): those go too.
+        ops.attention_window = ops.attend_fresh = _no_attention
+
+
+def _no_attention(q, *args):
+    """An attention's output for q [T, H, D], uncomputed."""
+    return torch.empty((q.shape[0], q.shape[1] * q.shape[2]), dtype=q.dtype, device=q.device)
 
 
 def main():
