@@ -200,7 +200,8 @@ def main():
     print(f"graph replay: decode {replay_ms(one):.3f} ms, verify 16 rows {replay_ms(span):.3f} ms, "
           f"verify 8 rows {replay_ms(span8):.3f} ms")
     print(f"graph replay: decode at ctx {8 * CTX}: {replay_ms(lambda: graphs([5], 8 * CTX, (), False, True)):.3f} ms, "
-          f"verify 8 rows {replay_ms(lambda: graphs(list(range(8)), 8 * CTX, drafter.capture, True, True)):.3f} ms")
+          f"verify 8 rows {replay_ms(lambda: graphs(list(range(8)), 8 * CTX, drafter.capture, True, True)):.3f} ms, "
+          f"verify 16 rows {replay_ms(lambda: graphs(list(range(16)), 8 * CTX, drafter.capture, True, True)):.3f} ms")
     drafter.reset(CTX + 256, "graphs")
     drafter.absorb(out.hidden, 0)
     draft = lambda: drafter.draft_logits(5, 15)  # noqa: E731

@@ -185,3 +185,31 @@ def test_block_trace_is_off_unless_asked(monkeypatch):
         assert [kind for kind, _ in block_trace.launches()] == ["merge"]
     finally:
         block_trace.clear()
+
+
+def test_decode_splits_of_several_key_blocks_pipeline_two_stages(monkeypatch):
+    """Two programs of a long decode split must fit an SM within the step's carveout; spans keep Triton's stages."""
+    pytest.importorskip("triton")
+    from dflash_cli.engine.kernels import attention as kernel
+
+    for name, value in (("SPLIT_STAGES", None), ("SPLIT_STAGES_ENV", None), ("SPLIT_WARPS", None),
+                        ("TWO_STAGE_ROWS", 16)):
+        monkeypatch.setattr(kernel, name, value)
+    block = kernel.BLOCK_S
+    assert kernel._split_tuning(block, 16) == {}  # one key block: nothing to pipeline
+    assert kernel._split_tuning(2 * block, 16) == kernel._split_tuning(4 * block, 16) == {"num_stages": 2}
+    assert kernel._split_tuning(4 * block, 32) == kernel._split_tuning(4 * block, 64) == {}
+    monkeypatch.setattr(kernel, "SPLIT_STAGES_ENV", 3)
+    assert kernel._split_tuning(4 * block, 16) == {"num_stages": 3}
+
+
+def test_carveout_is_a_percentage_or_the_drivers_choice(monkeypatch):
+    from dflash_cli.engine.kernels import carveout
+    from dflash_cli.errors import DflashError
+
+    assert carveout.percentage(43) == 43 and carveout.percentage(-1) == -1 and carveout.percentage(0) == 0
+    for bad in (101, -2):
+        with pytest.raises(DflashError, match=f"DFLASH_CARVEOUT={bad}: must be a percentage"):
+            carveout.percentage(bad)
+    monkeypatch.setattr(carveout, "CARVEOUT", -1)
+    carveout.apply()  # the driver's choice: no CUDA call, so this runs without a GPU

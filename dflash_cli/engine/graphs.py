@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from . import ops
+from .kernels import carveout
 
 MIN_WINDOW = 256
 MAX_ROWS = 32  # the most rows of a step (decode, verify, draft); longer spans are prefills
@@ -217,6 +218,7 @@ class Graphs:
         with torch.cuda.stream(side):
             self._run(step, key)
         torch.cuda.current_stream(dev).wait_stream(side)
+        carveout.apply()  # comparisons: preferred L1 / shared splits (unset: nothing)
         # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a
         # capture, its teardown would invalidate the capture. Collect first, and not during.
         gc.collect()

@@ -25,15 +25,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ..switches import env_power_of_two
+from ..switches import env_number, env_power_of_two
 from . import block_trace
 from .elementwise import norm_rope
 from .pdl import launch_options, start as pdl_start
 
 SPLIT = 256  # most keys per program
 BLOCK_S = 64
-# Launched without PDL: at context 8192 the early-launched, waiting attention programs cost more than the
-# overlap gains (H100 plain step 5.34 ms with PDL, 4.83 without; benchmarks/2026-11-22-h100/pdl/).
+# Every split PDL-launched (comparisons): one-block decode splits lose with it (see LONG_CHAIN below for those that
+# are: spans, and decode splits of several key blocks).
 ATTENTION_PDL = os.environ.get("DFLASH_ATTENTION_PDL", "0") == "1"
 # A decode step (few rows) splits its window into ~PROGRAMS programs (~4 per SM of an H100); spans of many
 # rows into fewer (below). benchmarks/attention_sweep.py (H100, windows 2048 and 16384,
@@ -92,16 +92,32 @@ FRESH_BLOCK = env_power_of_two("DFLASH_FRESH_BLOCK", FRESH_SPAN_ROWS, FRESH_ROWS
 FRESH_WARPS = env_power_of_two("DFLASH_FRESH_WARPS", 8, 4, 16)
 # A decode step's split lets the merge launch at its start, and the merge (PDL-launched) lets the o projection
 # launch at its own: the merge's and the product's blocks are then resident while the split runs, the product's
-# first weight loads in flight. Only where each split program reads one block of keys (split = BLOCK_S: windows up
-# to 4096 keys). H100 graph replays (benchmarks/2026-11-23-h100/session10/), decode ms, no chain -> chain: ctx 512
-# 3.272 -> 3.257, ctx 1024 3.285 -> 3.260, ctx 2048 3.388 -> 3.345; bench at ctx 1024 302.3 -> 304.5 tok/s.
-# Longer splits lose either way, for a reason not found: triggering at their start made replays much slower
-# (ctx 8192 3.748 -> 4.494 ms); triggering past their loop made replays a little faster (3.753 -> 3.731) but
-# the bench, whose positions advance, much slower (session11/: ctx 8192 3.75 -> 4.01 ms per token, ctx 4096
-# 3.50 -> 3.91). Spans given the chain lost too (session12/span_chain/: verify 16 rows 3.55 -> 5.15 ms), and so
-# did launching the decode split itself early to fetch its keys into L2 first (session12/early_kv/: +46 us).
-# DFLASH_DECODE_CHAIN=0 turns it off.
+# first weight loads in flight. H100 graph replays (benchmarks/2026-11-23-h100/session10/), decode ms, no chain ->
+# chain: ctx 512 3.272 -> 3.257, ctx 1024 3.285 -> 3.260, ctx 2048 3.388 -> 3.345. DFLASH_DECODE_CHAIN=0 turns it off.
 DECODE_CHAIN = os.environ.get("DFLASH_DECODE_CHAIN", "1") == "1"
+# Early launches and the L1 / shared-memory split (benchmarks/2026-11-25-h100/session36/). An SM changes its split
+# only once it has drained, and under programmatic dependent launch it never drains: every kernel after a split
+# program of much shared memory (70 KB at 256-key decode splits, 112 KB for 16-row spans, 2-3 an SM, so the driver
+# gave them the largest shared carveout) then ran with a small L1, which the products' weight loads need. That is
+# why the chain for longer splits and for spans, and PDL-launched splits, always lost before (call1.log, call2.log:
+# ctx 8192 decode 3.545 -> 3.745 ms with the chain; verify 16 rows 3.445 -> 4.333 with it, 4.62 with PDL splits).
+# So every kernel of a captured step prefers one carveout (carveout.CARVEOUT), long decode splits pipeline 2 stages
+# instead of Triton's 3 (_split_tuning: 39 KB for a 256-key split, two an SM within the carveout), and then:
+# - every decode split takes the chain (LONG_CHAIN; before, only one-block splits: windows up to 4096 keys);
+# - spans' splits (SPAN_PDL) and decode splits of several key blocks (LONG_PDL) are PDL-launched: their blocks become
+#   resident while the RoPE kernel or the qkv product drains (one-block decode splits lose with it: +10-15 us).
+# H100 graph replays, two rounds, ms, before -> now (spans8192.log; ctx 512 and 4096: ctx4096b.log): decode 3.110/
+# 3.111 -> 3.109/3.107; ctx 8192 decode 3.543/3.539 -> 3.491/3.482, verify 16 rows 3.950/3.947 -> 3.944/3.931; ctx
+# 1024 verify 16 rows 3.435/3.439 -> 3.433/3.416, verify 8 rows 3.320/3.320 -> 3.299/3.285; DFlash draft 0.721/0.719
+# -> 0.707/0.703; ctx 4096 decode 3.353/3.343 -> 3.330/3.328, verify 16 rows 3.677/3.669 -> 3.635/3.623. The 8-row
+# verify loses past 2048 keys: ctx 4096 3.548/3.536 -> 3.580/3.577, ctx 8192 3.776/3.765 -> 3.784/3.786 (call3.log).
+# DFLASH_LONG_CHAIN=0, DFLASH_SPAN_PDL=0, DFLASH_LONG_PDL=0, DFLASH_CARVEOUT=-1, DFLASH_SPLIT_STAGES=3 (all five: the
+# step as before) take each part back.
+LONG_CHAIN = os.environ.get("DFLASH_LONG_CHAIN", "1") == "1"
+SPAN_PDL = os.environ.get("DFLASH_SPAN_PDL", "1") == "1"
+LONG_PDL = os.environ.get("DFLASH_LONG_PDL", "1") == "1"
+SPLIT_STAGES_ENV = env_number("DFLASH_SPLIT_STAGES", None, int)
+TWO_STAGE_ROWS = env_number("DFLASH_TWO_STAGE_ROWS", 16, int)  # most query rows a program of a 2-stage split holds
 
 
 @triton.jit
@@ -237,11 +253,16 @@ def merge_shape(nsplit: int, d: int) -> tuple[int, int]:
     return dsplit, max(1, min(splits_p2, MERGE_ELEMS // (d // dsplit)))
 
 
-def _split_tuning() -> dict:
-    # Triton's defaults (4 warps, 3 stages) unless a sweep sets them. 2 stages looked faster for a decode row
-    # in isolated launches (1 row over 8300 keys 21.45 vs 22.15 us) but made the whole ctx-8192 decode step
-    # slower (graph replay 3.877-3.883 vs 3.860-3.862 ms, H100; benchmarks/2026-11-23-h100/session5/).
-    return {k: v for k, v in (("num_warps", SPLIT_WARPS), ("num_stages", SPLIT_STAGES)) if v}
+def _split_tuning(split: int, rows: int) -> dict:
+    # Triton's defaults (4 warps, 3 stages) unless a sweep or DFLASH_SPLIT_STAGES sets them, except 2 stages for
+    # decode splits (at most TWO_STAGE_ROWS rows a program) of several key blocks, so that two programs an SM fit in
+    # the step's carveout (see LONG_CHAIN): with 3, a decode split at ctx 4096 took 3.389 ms against 3.324-3.340
+    # (ctx4096.log). Spans keep 3 (ctx4096b.log, session36/): with 2 stages for up to 32 rows the 8-row verify at
+    # ctx 4096 took 3.617-3.636 ms against 3.577-3.580 with 3 (3.536-3.555 before this session), though 3.74 against
+    # 3.78 at ctx 8192; 64-row spans lose with 2 everywhere (verify 16 rows at ctx 8192: 4.04-4.05 against 3.93-3.94).
+    two = rows <= TWO_STAGE_ROWS and split > BLOCK_S
+    stages = SPLIT_STAGES or SPLIT_STAGES_ENV or (2 if two else None)
+    return {k: v for k, v in (("num_warps", SPLIT_WARPS), ("num_stages", stages)) if v}
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -282,7 +303,7 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     g = h // kv
     block_r = max(16, triton.next_power_of_2(t * g))
     blocks = 1  # row blocks (grid axis 2): a fresh span's rows, FRESH_ROWS per program
-    tuning = _split_tuning()
+    tuning = {}
     if fresh is not None and block_r > FRESH_BLOCK:
         block_r, blocks = FRESH_ROWS, triton.cdiv(t * g, FRESH_ROWS)
     elif fresh is not None and block_r > FRESH_ROWS:
@@ -294,12 +315,15 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     least, programs = (BLOCK_S, PROGRAMS) if few else (SPAN_MIN_SPLIT, SPAN_PROGRAMS)
     split = min(SPLIT, max(least, triton.next_power_of_2(triton.cdiv(s * kv * blocks, programs))))
     nsplit = triton.cdiv(s, split)
+    tuning = {**tuning, **_split_tuning(split, block_r)}
     rows = block_r * blocks
     part_o = torch.empty((kv, nsplit, rows, d), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((kv, nsplit, rows, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     kn, vn, qw, kw, eps, cos, sin, pos = fresh if fresh else (k, v, k, k, 0.0, k, k, limit)
-    chain = few and blocks == 1 and DECODE_CHAIN and split == BLOCK_S
+    chain = few and blocks == 1 and DECODE_CHAIN and (split == BLOCK_S or LONG_CHAIN)
+    decode = t * g <= 16
+    pdl = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S)
     grid = (kv, nsplit, blocks)
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
@@ -307,12 +331,12 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
                         sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                         FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows,
                         **block_trace.args("split", grid, q),
-                        **launch_options(q.device, ATTENTION_PDL, trigger=chain), **tuning)
+                        **launch_options(q.device, pdl, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)
     grid = (kv, t * g, dsplit)
     _merge_kernel[grid](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
                         BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
                         num_warps=MERGE_WARPS,
                         **block_trace.args("merge", grid, q),
-                        **launch_options(q.device, ATTENTION_PDL or chain, trigger=MERGE_TRIGGER))
+                        **launch_options(q.device, pdl or chain, trigger=MERGE_TRIGGER))
     return out

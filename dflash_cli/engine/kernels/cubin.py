@@ -94,6 +94,11 @@ def load(name: str, device: torch.device, arch: Callable[[int, int], str], flags
     return _loaded[key]
 
 
+def loaded_modules() -> list[Module]:
+    """Every cubin loaded so far, on any device."""
+    return [m for m in _loaded.values() if isinstance(m, Module)]
+
+
 def tried(name: str, device: torch.device) -> Module | str | None:
     """What `load` gave for csrc/`name` on `device` (None: not tried yet)."""
     return _loaded.get((name, _index(device)))
