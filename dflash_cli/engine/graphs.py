@@ -168,7 +168,8 @@ class Graphs:
                 return self.fn(ids, inputs[n:] if on_host else inputs, *key[1:])
             else:
                 self._evict_prefills()
-        if step is None:
+        built = step is None
+        if built:
             step = self.steps[key] = self._build(key, ids, src, on_host)
         elif on_host and step.inputs is not None:
             step.inputs.copy_(src, non_blocking=True)
@@ -182,6 +183,8 @@ class Graphs:
             step.graph.replay()
         else:
             step.out = self._run(step, key)
+            if built and self.device.type == "cuda":
+                carveout.apply()  # the kernels this eager step compiled (see _build for captured steps)
         return step.out
 
     def _evict_prefills(self) -> None:
@@ -218,7 +221,7 @@ class Graphs:
         with torch.cuda.stream(side):
             self._run(step, key)
         torch.cuda.current_stream(dev).wait_stream(side)
-        carveout.apply()  # comparisons: preferred L1 / shared splits (unset: nothing)
+        carveout.apply()  # one L1 / shared split for every kernel of the step, before the capture
         # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a
         # capture, its teardown would invalidate the capture. Collect first, and not during.
         gc.collect()

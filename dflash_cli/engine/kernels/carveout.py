@@ -19,7 +19,6 @@ from ...errors import DflashError
 from ..switches import env_number
 
 
-
 def percentage(value: int) -> int:
     """value as a carveout preference: 0 to 100, or -1 (the driver's choice); else a one-line DflashError."""
     if not -1 <= value <= 100:
