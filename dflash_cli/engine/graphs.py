@@ -184,7 +184,7 @@ class Graphs:
         else:
             step.out = self._run(step, key)
             if built and self.device.type == "cuda":
-                carveout.apply()  # the kernels this eager step compiled (see _build for captured steps)
+                carveout.apply()  # the kernels this uncaptured step compiled (captured steps: _build)
         return step.out
 
     def _evict_prefills(self) -> None:
