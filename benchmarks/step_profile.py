@@ -23,18 +23,12 @@ CTX = int(os.environ.get("CTX", "1024"))
 def print_resources():
     """RESOURCES=1: shared memory, registers and warps of every Triton kernel compiled so far (which kernels can
     share an SM with a GEMM block, and under which L1/shared split)."""
-    import triton
-
     from dflash_cli.engine.kernels import attention, elementwise, greedy
+    from dflash_cli.engine.kernels.carveout import compiled
 
-    for mod in (attention, elementwise, greedy):
-        for name, fn in vars(mod).items():
-            if not isinstance(fn, triton.runtime.jit.JITFunction):
-                continue
-            for caches in getattr(fn, "device_caches", {}).values():
-                for kernel in caches[0].values():
-                    md = kernel.metadata
-                    print(f"resources {name}: shared {md.shared} B, regs {kernel.n_regs}, warps {md.num_warps}")
+    for name, kernel in compiled((attention, elementwise, greedy)):
+        md = kernel.metadata
+        print(f"resources {name}: shared {md.shared} B, regs {kernel.n_regs}, warps {md.num_warps}")
 
 
 def replay_ms(fn, reps=50):

@@ -192,14 +192,13 @@ def test_decode_splits_of_several_key_blocks_pipeline_two_stages(monkeypatch):
     pytest.importorskip("triton")
     from dflash_cli.engine.kernels import attention as kernel
 
-    for name, value in (("SPLIT_STAGES", None), ("SPLIT_STAGES_ENV", None), ("SPLIT_WARPS", None),
-                        ("TWO_STAGE_ROWS", 16)):
+    for name, value in (("SPLIT_STAGES", None), ("SPLIT_WARPS", None), ("TWO_STAGE_ROWS", 16)):
         monkeypatch.setattr(kernel, name, value)
     block = kernel.BLOCK_S
     assert kernel._split_tuning(block, 16) == {}  # one key block: nothing to pipeline
     assert kernel._split_tuning(2 * block, 16) == kernel._split_tuning(4 * block, 16) == {"num_stages": 2}
     assert kernel._split_tuning(4 * block, 32) == kernel._split_tuning(4 * block, 64) == {}
-    monkeypatch.setattr(kernel, "SPLIT_STAGES_ENV", 3)
+    monkeypatch.setattr(kernel, "SPLIT_STAGES", 3)
     assert kernel._split_tuning(4 * block, 16) == {"num_stages": 3}
 
 

@@ -54,9 +54,10 @@ SPAN_MIN_SPLIT = env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, BLOCK_S, SPLIT)
 # (benchmarks/merge_warps.py): 16 rows over 1100 keys 9.00 us with 1 warp vs 10.12 with 4; 1 row over 8300
 # keys 22.43 vs 23.16.
 MERGE_WARPS = 1
-# Triton's launch tuning of the split kernel (None: Triton's default); benchmarks/attention_sweep.py sets them.
+# Triton's launch tuning of the split kernel (None: Triton's default, or _split_tuning's stages);
+# benchmarks/attention_sweep.py sets them, DFLASH_SPLIT_STAGES the stages.
 SPLIT_WARPS: int | None = None
-SPLIT_STAGES: int | None = None
+SPLIT_STAGES: int | None = env_number("DFLASH_SPLIT_STAGES", None, int)
 # Partial-output values one merge program (one warp) loads at once: 64 registers a lane. A decode row's 32 (ctx
 # 1024) or 64 (ctx 8192) splits are then read by 2 or 4 programs per row in one load each, where one program
 # looped over 16 splits per load. H100 graph replays (benchmarks/2026-11-23-h100/session6/): decode 3.376 ->
@@ -116,7 +117,6 @@ DECODE_CHAIN = os.environ.get("DFLASH_DECODE_CHAIN", "1") == "1"
 LONG_CHAIN = os.environ.get("DFLASH_LONG_CHAIN", "1") == "1"
 SPAN_PDL = os.environ.get("DFLASH_SPAN_PDL", "1") == "1"
 LONG_PDL = os.environ.get("DFLASH_LONG_PDL", "1") == "1"
-SPLIT_STAGES_ENV = env_number("DFLASH_SPLIT_STAGES", None, int)
 TWO_STAGE_ROWS = env_number("DFLASH_TWO_STAGE_ROWS", 16, int)  # most query rows a program of a 2-stage split holds
 
 
@@ -261,7 +261,7 @@ def _split_tuning(split: int, rows: int) -> dict:
     # ctx 4096 took 3.617-3.636 ms against 3.577-3.580 with 3 (3.536-3.555 before this session), though 3.74 against
     # 3.78 at ctx 8192; 64-row spans lose with 2 everywhere (verify 16 rows at ctx 8192: 4.04-4.05 against 3.93-3.94).
     two = rows <= TWO_STAGE_ROWS and split > BLOCK_S
-    stages = SPLIT_STAGES or SPLIT_STAGES_ENV or (2 if two else None)
+    stages = SPLIT_STAGES or (2 if two else None)
     return {k: v for k, v in (("num_warps", SPLIT_WARPS), ("num_stages", stages)) if v}
 
 

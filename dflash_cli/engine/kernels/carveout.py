@@ -31,19 +31,22 @@ _PREFERRED = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 _done: set[int] = set()
 
 
-def _handles():
-    """The function handles of every Triton kernel and csrc/ cubin function of the step loaded so far."""
+def compiled(modules) -> list:
+    """(name, compiled kernel) of every Triton kernel of `modules` compiled so far."""
     import triton
 
+    return [(name, kernel) for mod in modules for name, fn in vars(mod).items()
+            if isinstance(fn, triton.runtime.jit.JITFunction)
+            for caches in getattr(fn, "device_caches", {}).values() for kernel in caches[0].values()]
+
+
+def _handles():
+    """The function handles of every Triton kernel and csrc/ cubin function of the step loaded so far."""
     from . import attention, cubin, elementwise, greedy, prefill_attention, skinny_gemm
 
-    for mod in (attention, elementwise, greedy, prefill_attention, skinny_gemm):
-        for fn in vars(mod).values():
-            if isinstance(fn, triton.runtime.jit.JITFunction):
-                for caches in getattr(fn, "device_caches", {}).values():
-                    for kernel in caches[0].values():
-                        if getattr(kernel, "function", None):
-                            yield int(kernel.function)
+    for _, kernel in compiled((attention, elementwise, greedy, prefill_attention, skinny_gemm)):
+        if getattr(kernel, "function", None):
+            yield int(kernel.function)
     for module in cubin.loaded_modules():
         yield from (f.value for f in module.functions.values())
 
