@@ -24,6 +24,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..switches import env_number, env_power_of_two
 from . import block_trace
@@ -118,6 +119,19 @@ LONG_CHAIN = os.environ.get("DFLASH_LONG_CHAIN", "1") == "1"
 SPAN_PDL = os.environ.get("DFLASH_SPAN_PDL", "1") == "1"
 LONG_PDL = os.environ.get("DFLASH_LONG_PDL", "1") == "1"
 TWO_STAGE_ROWS = env_number("DFLASH_TWO_STAGE_ROWS", 16, int)  # most query rows a program of a 2-stage split holds
+# A decode row's split loads its first block of cached keys and values before its wait for the qkv product
+# (EARLY): the keys before the new row were written by earlier steps and the positions are staged before the graph,
+# so their memory latency overlaps the product's tail instead of following it; the new row's key and value, which the
+# program normalises and stores itself, are patched into the block from registers. Such a split is PDL-launched.
+# H100 graph replays (benchmarks/2026-11-25-h100/session37/final.log), ms, off -> on: decode at ctx 8192 (256-key
+# splits, 4 key blocks) 3.491/3.486 -> 3.429/3.425, at ctx 4096 (128-key splits) 3.331 -> 3.254; ctx 1024 unchanged
+# (3.109/3.109 -> 3.110/3.110); bench at ctx 8192 plain 3.51 -> 3.45 ms a token. One-block splits
+# (windows up to 4096 keys) lose with it: decode at ctx 1024 3.120-3.122 (the PDL launch; DFLASH_EARLY_ONE=1). Causal
+# spans, their new rows loaded again after the wait, lost too (verify 16 rows at ctx 8192 3.93 -> 4.00:
+# session37/early_spans.diff), and so did loading more blocks early (decode at ctx 8192 3.60-3.62 with 2 or 4 of
+# the 4: blocks.log). DFLASH_EARLY_KEYS=0 turns it off.
+EARLY_KEYS = os.environ.get("DFLASH_EARLY_KEYS", "1") == "1"
+EARLY_ONE = os.environ.get("DFLASH_EARLY_ONE", "0") == "1"
 
 
 @triton.jit
@@ -135,22 +149,36 @@ def _norm_rope_rows(base, mask, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constex
 
 
 @triton.jit
+def _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc):
+    """One key block (keys k, values v at positions offs_s) into the rows' online softmax (m_i, l_i, acc)."""
+    s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.where(offs_s[None, :] <= lim[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_lt, stride_qt, stride_qh,
                   stride_ks, stride_kh, stride_vs, stride_vh, scale,
                   kn_ptr, vn_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
                   pos_ptr, eps, trace_ptr,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
-                  ROWS: tl.constexpr, TRACE: tl.constexpr):
+                  ROWS: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr = False):
     # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
     # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
     # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
     # attended from registers in a block of their own instead: that needed 255 registers and spilled.
     # A group's ROWS query rows (t * G + head in the group) are shared out in blocks of BLOCK_R over
     # program_id(2): a fresh span's programs then hold few rows (64 spilled), each block its own programs.
+    # EARLY (one fresh row, see EARLY_KEYS): the row's limit and the split's first key block before it are loaded
+    # before the wait; the new key and value are patched in after it.
     t0 = block_trace.now(TRACE)
-    pdl_start(PDL)
-    t1 = block_trace.now(TRACE)
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -160,8 +188,25 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     offs_d = tl.arange(0, D)
     dt = k_ptr.dtype.element_ty
     q_rows = q_ptr + t * stride_qt + head * stride_qh
+    if EARLY:
+        if PDL:
+            gdc_launch_dependents()
+        lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
+        max_lim = tl.max(lim, axis=0)
+        offs_0 = sp * SPLIT + tl.arange(0, BLOCK_S)
+        old_0 = (offs_0 < max_lim)[:, None]  # one row: its limit is its own (new) position
+        k_0 = tl.load(k_ptr + offs_0[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=old_0, other=0.0)
+        v_0 = tl.load(v_ptr + offs_0[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=old_0, other=0.0)
+        if PDL:
+            gdc_wait()
+    else:
+        pdl_start(PDL)
+    t1 = block_trace.now(TRACE)
     if FRESH:
-        first_new = tl.load(pos_ptr)
+        if EARLY:
+            first_new = max_lim
+        else:
+            first_new = tl.load(pos_ptr)
         if (sp + 1) * SPLIT > first_new and sp * SPLIT < first_new + T:
             # The new keys (and values) of this split into the cache, before this program reads them.
             j = tl.arange(0, BLOCK_T)
@@ -173,32 +218,31 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                          mask=jmask[:, None], other=0.0)
             tl.store(k_ptr + pos_j[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], kf, mask=jmask[:, None])
             tl.store(v_ptr + pos_j[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], vf, mask=jmask[:, None])
+            if EARLY:  # the row's key and value take their place in the early block
+                new_0 = (offs_0 == first_new)[:, None]
+                k_0 = tl.where(new_0, kf, k_0)
+                v_0 = tl.where(new_0, vf, v_0)
             tl.debug_barrier()  # stored before any thread of this program loads them below
         q = _norm_rope_rows(q_rows, rmask, qw_ptr, cos_ptr, sin_ptr, tl.load(pos_ptr + t, mask=rmask, other=0),
                             eps, D, dt)
     else:
         q = tl.load(q_rows[:, None] + offs_d[None, :], mask=rmask[:, None], other=0.0)
-    lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
-    max_lim = tl.max(lim, axis=0)
+    if not EARLY:
+        lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
+        max_lim = tl.max(lim, axis=0)
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, D), tl.float32)
-    for i in range(0, SPLIT // BLOCK_S):
+    if EARLY:
+        m_i, l_i, acc = _attend_block(q, k_0, v_0, offs_0, lim, scale, m_i, l_i, acc)
+    for i in range(1 if EARLY else 0, SPLIT // BLOCK_S):
         offs_s = sp * SPLIT + i * BLOCK_S + tl.arange(0, BLOCK_S)
         smask = offs_s <= max_lim  # masked-off rows cost no memory traffic
         k = tl.load(k_ptr + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
                     mask=smask[:, None], other=0.0)
         v = tl.load(v_ptr + offs_s[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
                     mask=smask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(offs_s[None, :] <= lim[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc)
     base = (kvh * NSPLIT + sp) * ROWS
     # The real rows only (the merge never reads the others): a decode row is 4 of a block's 16, and storing all 16
     # cost the H100 decode step at ctx 8192 about 1 us a layer (graph replays 3.636-3.639 -> 3.597-3.605 ms,
@@ -323,13 +367,14 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     kn, vn, qw, kw, eps, cos, sin, pos = fresh if fresh else (k, v, k, k, 0.0, k, k, limit)
     chain = few and blocks == 1 and DECODE_CHAIN and (split == BLOCK_S or LONG_CHAIN)
     decode = t * g <= 16
-    pdl = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S)
+    early = t == 1 and chain and fresh is not None and (EARLY_ONE if split == BLOCK_S else EARLY_KEYS)
+    pdl = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S) or early
     grid = (kv, nsplit, blocks)
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                         kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
                         sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
-                        FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows,
+                        FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows, EARLY=early,
                         **block_trace.args("split", grid, q),
                         **launch_options(q.device, pdl, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)
