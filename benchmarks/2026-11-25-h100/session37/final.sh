@@ -8,18 +8,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/final.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-replays() {  # name ctx [ENV=V...]; AB_NAME=V sets attention.NAME before capture
-  local name=$1 ctx=$2; shift 2
-  echo "=== replays $name ctx $ctx: $*"
-  env "$@" CTX=$ctx REPLAYS_ONLY=1 timeout 120 python -c "
-import os, runpy, sys
-import dflash_cli.engine.kernels.attention as a
-for k, v in os.environ.items():
-    if k.startswith('AB_'):
-        setattr(a, k[3:], int(v))
-sys.argv = ['step_profile.py']
-runpy.run_path('benchmarks/step_profile.py', run_name='__main__')" 2>&1 | grep "graph replay\|Error\|error"
-}
+. benchmarks/replays_fn.sh
 for round in 1 2; do
   replays new 1024
   replays old 1024 DFLASH_EARLY_KEYS=0
