@@ -122,6 +122,7 @@ CHECK = textwrap.dedent("""
                 with ops.reference_only():
                     ref = ops.attend_fresh(qf, kf, vf, wq, wk, *args, kc_ref, vc_ref, pos, window, limit, d ** -0.5)
                 # One row also with its first key block loaded early (EARLY_*), in one-block and 4-block splits.
+                defaults = attention.EARLY_KEYS, attention.EARLY_ONE
                 for early, attention.SPLIT, attention.PROGRAMS in ((0, 64, 512),) + (((1, 64, 512), (1, 256, 2))
                                                                                   if t == 1 else ()):
                     attention.EARLY_KEYS = attention.EARLY_ONE = bool(early)
@@ -131,7 +132,7 @@ CHECK = textwrap.dedent("""
                     assert rel(got, ref) <= 10 * tol and rel(kc_got, kc_ref) <= tol and torch.equal(vc_got, vc_ref), \
                         (t, pos0, early)
                 attention.SPLIT, attention.PROGRAMS = 64, 512
-                attention.EARLY_KEYS = attention.EARLY_ONE = False
+                attention.EARLY_KEYS, attention.EARLY_ONE = defaults
         # A prefill's many rows (the flash-form kernel): padding rows first, at positions after the prompt's; rows
         # in one block (40) or several (130, one partly filled); a prompt starting at 0 or after earlier rows; a
         # window not a multiple of the key block, its last key seen (the cache's end).

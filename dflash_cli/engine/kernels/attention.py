@@ -24,11 +24,11 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..switches import env_number, env_power_of_two
 from . import block_trace
 from .elementwise import norm_rope
+from . import pdl
 from .pdl import launch_options, start as pdl_start
 
 SPLIT = 256  # most keys per program
@@ -189,16 +189,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     dt = k_ptr.dtype.element_ty
     q_rows = q_ptr + t * stride_qt + head * stride_qh
     if EARLY:
-        if PDL:
-            gdc_launch_dependents()
+        pdl.trigger(PDL)
         lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
         max_lim = tl.max(lim, axis=0)
         offs_0 = sp * SPLIT + tl.arange(0, BLOCK_S)
         old_0 = (offs_0 < max_lim)[:, None]  # one row: its limit is its own (new) position
         k_0 = tl.load(k_ptr + offs_0[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=old_0, other=0.0)
         v_0 = tl.load(v_ptr + offs_0[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=old_0, other=0.0)
-        if PDL:
-            gdc_wait()
+        pdl.wait(PDL)
     else:
         pdl_start(PDL)
     t1 = block_trace.now(TRACE)

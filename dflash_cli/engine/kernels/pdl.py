@@ -3,8 +3,10 @@
 A kernel launched this way may start while the previous one drains: every kernel
 first lets the next one launch, then waits for the previous one to finish (its
 writes are then visible) before it reads or writes anything another kernel owns.
-Only weights, which no kernel writes, are read before the wait (the skinny GEMM
-prefetches them). In a CUDA graph the chain of a whole step overlaps each
+Only what no kernel of the step writes is read before the wait: weights (the skinny
+GEMM prefetches them) and, in a long decode split, cached keys of earlier steps
+(attention.EARLY_KEYS), which such a kernel reads between `trigger` and `wait`
+instead of calling `start`. In a CUDA graph the chain of a whole step overlaps each
 kernel's ramp-up with its predecessor's tail. DFLASH_PDL=0 turns it off.
 """
 
@@ -40,7 +42,20 @@ def launch_options(device: torch.device, allowed: bool = True, trigger: bool = F
 
 @triton.jit
 def start(PDL: tl.constexpr):
-    """First statement of every kernel of the step (see the module's docstring)."""
+    """First statement of every kernel of the step (see the module's docstring): `trigger`, then `wait`."""
+    trigger(PDL)
+    wait(PDL)
+
+
+@triton.jit
+def trigger(PDL: tl.constexpr):
+    """Let the next kernel launch."""
     if PDL:
         gdc_launch_dependents()
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """Wait for the previous kernel to finish (its writes then visible)."""
+    if PDL:
         gdc_wait()
