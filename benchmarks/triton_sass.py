@@ -37,7 +37,8 @@ DECODE = dict(T=1, stride_lt=1, NSPLIT=32, stride_qt=6144, stride_qh=128, stride
               stride_ot=4096, stride_h=2560, stride_d=2560)
 KERNELS = {
     "split (decode, fresh)": (attention._split_kernel, 4, dict(
-        G=4, D=128, BLOCK_R=16, BLOCK_S=64, SPLIT=64, FRESH=True, BLOCK_T=1, PDL=True, ROWS=16, TRACE=False)),
+        G=4, D=128, BLOCK_R=16, BLOCK_S=64, SPLIT=64, FRESH=True, BLOCK_T=1, PDL=True, ROWS=16, TRACE=False,
+        EARLY=False)),
     "merge (decode)": (attention._merge_kernel, 1, dict(
         NSPLIT=32, G=4, D=128, DB=64, BLOCK_R=16, SPLITS_P2=32, CHUNK=32, PDL=True, TRACE=False)),
     "add + norm": (elementwise._add_rms_norm_kernel, 4, dict(D=2560, BLOCK=4096, PDL=True, TRACE=False)),
