@@ -215,14 +215,28 @@ __device__ __forceinline__ void warm_l2(const Warm& warm) {
 // A thread's place in a launch: lane, quad row g and column t (the mma fragment coordinates), its tile
 // (blockIdx.x) and K split (blockIdx.y), and the range [c0, c1) of 32-wide K chunks its warp takes: the K range is
 // cut over splits x warps.
+// align (tile16: its U): the range is cut in whole batches of `align` chunks where it can be (the last part takes any
+// rest), so that no warp ends on a short batch, which tile16 runs as a loop of single chunks, a memory latency each
+// (down_proj: 304 chunks over 8 warps are 38 each, or 40 and 36 in batches of 4). skinny_tile asks for a short last
+// batch with the batch before instead (below); in tile16 that took 144 registers instead of 128 (one 8-warp block an
+// SM). H100 graph replays with both (benchmarks/2026-11-25-h100/session38/aligned.log), ms, before -> after: decode
+// 3.108/3.109 -> 3.082/3.082, verify 16 rows 3.418/3.422 -> 3.394/3.398, verify 8 rows 3.291/3.289 -> 3.278/3.276,
+// DFlash draft 0.703 -> 0.700, decode at ctx 8192 3.423/3.424 -> 3.407/3.408, verify 16 rows there 3.938/3.943 ->
+// 3.917/3.918.
 struct Place {
   int lane, warp, nw, g, t, tile, split, splits, c0, c1;
-  __device__ __forceinline__ explicit Place(int K)
+  __device__ __forceinline__ explicit Place(int K, int align = 1)
       : lane(threadIdx.x & 31), warp(threadIdx.x >> 5), nw(blockDim.x >> 5), g(lane >> 2), t(lane & 3),
         tile(blockIdx.x), split(blockIdx.y), splits(gridDim.y) {
     const int chunks = K >> 5, parts = splits * nw, part = split * nw + warp;
-    c0 = (int)((long long)chunks * part / parts);
-    c1 = (int)((long long)chunks * (part + 1) / parts);
+    if (align == 1) {
+      c0 = (int)((long long)chunks * part / parts);
+      c1 = (int)((long long)chunks * (part + 1) / parts);
+    } else {
+      const int units = chunks / align;
+      c0 = align * (int)((long long)units * part / parts);
+      c1 = part + 1 == parts ? chunks : align * (int)((long long)units * (part + 1) / parts);
+    }
   }
 };
 
@@ -382,11 +396,12 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
   int c = p.c0;
   // W is double-buffered: the next U chunks are in flight while the current ones are multiplied.
   // (Double-buffering x as well was measured slower: 13.4 vs 10.9 us on o_proj, more registers.)
+  // A warp's last batch may hold fewer than U chunks (down_proj: 38 a warp): it is asked for with the batch before,
+  // its missing chunks zeros, which add nothing. (A loop of single chunks after the batches waited a memory latency
+  // per chunk at the end of every warp: decode 3.108 -> 3.085 ms without it, session38/aligned.log.)
   uint4 wv[U];
-  if (c + U <= c1) {
 #pragma unroll
-    for (int u = 0; u < U; ++u) wv[u] = load_stream<WIDE_TILE8>(wrow + (size_t)(c + u) * 32);
-  }
+  for (int u = 0; u < U; ++u) wv[u] = c + u < c1 ? load_stream<WIDE_TILE8>(wrow + (size_t)(c + u) * 32) : zero;
   pdl_launch_dependents();
   pdl_wait();  // x (and the output buffer) belong to earlier kernels: nothing of them is touched before this
   float* sq_s = red + p.nw * 32 * F;  // SCALE: the partial sums, after the warps' sums
@@ -398,17 +413,27 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
     res[0] = lo_ok ? *reinterpret_cast<const __nv_bfloat162*>(aux + (size_t)g * N + col) : __nv_bfloat162();
     res[1] = hi_ok ? *reinterpret_cast<const __nv_bfloat162*>(aux + (size_t)(g + 8) * N + col) : __nv_bfloat162();
   }
-  for (; c + U <= c1; c += U) {
+  // One batch from chunk c (wv): x's chunks loaded (zeros past c1 where `partial`), the next batch asked for, the
+  // products.
+  auto batch = [&](bool partial) {
     uint4 xl[U], xh[U], nx[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      xl[u] = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + (c + u) * 32)) : zero;
-      xh[u] = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + (c + u) * 32)) : zero;
+      const bool in = !partial || c + u < c1;
+      xl[u] = lo_ok && in ? __ldg(reinterpret_cast<const uint4*>(xlo + (c + u) * 32)) : zero;
+      xh[u] = hi_ok && in ? __ldg(reinterpret_cast<const uint4*>(xhi + (c + u) * 32)) : zero;
     }
-    const bool more = c + 2 * U <= c1;
+    const int next = c + U;
+    const bool more = next < c1;
     if (more) {
+      if (next + U <= c1) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) nx[u] = load_stream<WIDE_TILE8>(wrow + (size_t)(c + U + u) * 32);
+        for (int u = 0; u < U; ++u) nx[u] = load_stream<WIDE_TILE8>(wrow + (size_t)(next + u) * 32);
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          nx[u] = next + u < c1 ? load_stream<WIDE_TILE8>(wrow + (size_t)(next + u) * 32) : zero;
+      }
     }
     if (NORM) {
 #pragma unroll
@@ -426,18 +451,9 @@ __device__ __forceinline__ void skinny_tile(const __nv_bfloat16* __restrict__ x,
 #pragma unroll
       for (int u = 0; u < U; ++u) wv[u] = nx[u];
     }
-  }
-  for (; c < c1; ++c) {
-    uint4 w1 = load_stream<WIDE_TILE8>(wrow + (size_t)c * 32);
-    uint4 xl = lo_ok ? __ldg(reinterpret_cast<const uint4*>(xlo + c * 32)) : zero;
-    uint4 xh = hi_ok ? __ldg(reinterpret_cast<const uint4*>(xhi + c * 32)) : zero;
-    if (NORM) {
-      add_squares(xl, ss[0]);
-      if (HIGH) add_squares(xh, ss[1]);
-    }
-    mma_bf16(acc, xl.x, xh.x, xl.y, xh.y, w1.x, w1.y);
-    mma_bf16(acc, xl.z, xh.z, xl.w, xh.w, w1.z, w1.w);
-  }
+  };
+  for (; c + U <= c1; c += U) batch(false);
+  if (c < c1) batch(true);
 
   warm_l2(warm);
   float all[F];
@@ -509,7 +525,7 @@ __device__ __forceinline__ void tile16(const __nv_bfloat16* __restrict__ x, cons
   constexpr int A = TOK > 8 ? 8 : 4;  // sums per lane: tokens 0..7, and 8..15 with TOK 16
   constexpr int F = NORM ? A + 4 : A;  // with NORM, the squares of tokens g and g + 8 (and 2 pad)
   extern __shared__ float red[];  // [NW][32][F]
-  const Place p(K);
+  const Place p(K, U);
   const int g = p.g, t = p.t, tile = p.tile, c1 = p.c1;
   const int r0 = SWIGLU ? tile * 8 + g : tile * 16 + g, r1 = SWIGLU ? (N >> 1) + tile * 8 + g : r0 + 8;
   const __nv_bfloat16* wlo = w + (size_t)r0 * K + t * 8;
