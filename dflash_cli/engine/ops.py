@@ -342,18 +342,39 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cach
 
 
 def attend_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
-                 limit, scale: float) -> torch.Tensor:
+                 limit, scale: float, then=None) -> torch.Tensor:
     """qk_norm_rope_write (q, k, v straight from the projection; positions consecutive), then attention_window
     over the cache's first `window` rows with `limit`. One kernel on the GPU where the rows fit: the attention's
-    split programs normalise and rotate q and the new keys themselves."""
+    split programs normalise and rotate q and the new keys themselves. then: the weight read after the attention,
+    whose first rows a decode row's split programs ask into L2 once their keys are in (the caller names it where the
+    product before the attention did not warm them)."""
     if fast_kernels(q) and _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache):
         from .kernels import attention as kernel
 
         if kernel.supports_fresh(q, k_cache, window):
             return kernel.attention_fresh(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
-                                          window, limit, scale)
+                                          window, limit, scale, split_warm(then))
     q = qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions)
     return attention_window(q, k_cache[:window], v_cache[:window], limit, scale)
+
+
+# Bytes of the weight read after an attention (the o projection) that a decode row's split programs ask into L2 once
+# their keys are in, where the product before the attention did not warm its first rows (long windows: the qkv
+# product warms the keys instead, models/decoder.KV_WARM_WINDOW). Requests made after the keys' do not delay them.
+# H100 graph replays, decode at ctx 8192, ms (benchmarks/2026-11-25-h100/session38/long_warm.log), off 3.410/3.402,
+# 4 MB 3.391/3.390, 8 MB 3.385/3.384, 12 MB 3.406/3.406, 20 MB 3.463/3.459; at ctx 16384 4.018 -> 4.021 (8 MB).
+# Where qkv warms o's first 4 MB (ctx 1024), warming the next 4-16 MB from the split lost at every size (decode
+# 3.110 -> 3.130-3.189, warm.log), and so did 16-row spans at ctx 16384 (verify 16 rows 4.865 -> 4.903).
+_SPLIT_WARM_BYTES = int(env_number("DFLASH_SPLIT_WARM_MB", 8.0, float) * (1 << 20))
+
+
+def split_warm(then):
+    """(`then` as bytes, how many of its first to warm) for the attention's split programs, or None."""
+    if then is None or _SPLIT_WARM_BYTES <= 0 or not then.is_contiguous():
+        return None
+    flat = then.reshape(-1).view(torch.uint8)
+    n = min(_SPLIT_WARM_BYTES, flat.numel()) & ~15
+    return (flat, n) if n > 0 else None
 
 
 def k_norm_rope_write_layers(k, v, k_weights, eps: float, cos, sin, k_cache, v_cache, positions) -> None:

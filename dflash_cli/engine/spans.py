@@ -68,11 +68,13 @@ class StaticSpan:
         k, v [T, layers, KV, D], k_norms [layers, D]. One kernel on the GPU."""
         ops.k_norm_rope_write_layers(k, v, k_norms, eps, *self.tables, self.cache.k, self.cache.v, self.positions)
 
-    def attend_fresh(self, layer: int, q, k, v, q_norm, k_norm, eps: float, scale: float) -> torch.Tensor:
+    def attend_fresh(self, layer: int, q, k, v, q_norm, k_norm, eps: float, scale: float,
+                     then=None) -> torch.Tensor:
         """q/k straight from the projection: normalise, rotate, write k/v and attend (on the GPU the
-        attention kernel does the norm, RoPE and cache write as well)."""
+        attention kernel does the norm, RoPE and cache write as well). then: the weight read after the attention, for
+        the GPU to warm (ops.attend_fresh)."""
         return ops.attend_fresh(q, k, v, q_norm, k_norm, eps, *self.tables, self.cache.k[layer],
-                                self.cache.v[layer], self.positions, self.window, self.limit, scale)
+                                self.cache.v[layer], self.positions, self.window, self.limit, scale, then)
 
     def _attend_cache(self, layer: int, q, scale: float) -> torch.Tensor:
         w = self.window

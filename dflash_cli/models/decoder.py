@@ -159,10 +159,11 @@ def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span,
         q, k, v = project_qkv_rope(layer, x, cfg, span.cos, span.sin, norm, squares)
         return span.attend(index, q, k, v, scale)
     d, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias, then=read_after_qkv(layer, span, index),
-                         norm=norm, squares=squares).split([nh * d, nkv * d, nkv * d], dim=-1)
+    after = read_after_qkv(layer, span, index)
+    q, k, v = ops.linear(x, layer.qkv, layer.qkv_bias, then=after, norm=norm,
+                         squares=squares).split([nh * d, nkv * d, nkv * d], dim=-1)
     return fused(index, q.reshape(-1, nh, d), k.reshape(-1, nkv, d), v.reshape(-1, nkv, d), layer.q_norm,
-                 layer.k_norm, cfg.rms_norm_eps, scale)
+                 layer.k_norm, cfg.rms_norm_eps, scale, then=None if after is layer.o else layer.o)
 
 
 def read_after_qkv(layer: DecoderLayer, span, index: int):

@@ -123,6 +123,11 @@ def test_fresh_attention_matches_unfused_bf16(t, window, pos0, causal, block, mo
     ref = ops.attention_masked(q2.float().cpu(), kc2[:window].float().cpu(), vc2[:window].float().cpu(),
                                torch.arange(window)[None, :] <= limit.cpu()[:, None], 128**-0.5)
     assert rel(got, ref) <= 2e-2
+    # A decode row's split asking L2 for another tensor's bytes (ops.split_warm) is a hint: the same bits.
+    other = torch.empty((8 << 20) + 4112, dtype=torch.uint8, device=dev)
+    warmed = attention.attention_fresh(q, kk, v, wq, wk, 1e-6, cos, sin, kc, vc, pos, window, limit, 128**-0.5,
+                                       warm=(other, other.numel()))
+    assert torch.equal(warmed, got)
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])

@@ -162,6 +162,37 @@ def _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc):
     return m_new, l_i, acc
 
 
+# One 4 KB piece of a program's share a thread: thread t asks L2 for bytes [t * 4096, min(share, (t + 1) * 4096)) of
+# the share at $1 (share: $2 bytes, a multiple of 16; nothing where it is <= 0).
+_WARM_ASM = tl.constexpr("""{
+.reg .u32 t;
+.reg .s32 r;
+.reg .u64 a;
+.reg .pred p;
+mov.u32 t, %tid.x;
+mul.lo.s32 r, t, 4096;
+sub.s32 r, $2, r;
+min.s32 r, r, 4096;
+setp.gt.s32 p, r, 0;
+mul.wide.u32 a, t, 4096;
+add.u64 a, a, $1;
+@p cp.async.bulk.prefetch.L2.global [a], r;
+mov.u32 $0, 0;
+}""")
+
+
+@triton.jit
+def _warm_share(base, nbytes, after):
+    """This program's share of the nbytes at base (a byte pointer, 16-byte aligned; nbytes a multiple of 16) asked
+    into L2, once `after` (a value the request must wait for) is known; a hint: nothing waits on it."""
+    programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+    index = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
+    share = ((nbytes + programs - 1) // programs + 15) // 16 * 16
+    start = index * share
+    share = tl.where(after >= 0, tl.minimum(share, nbytes - start), 0)
+    tl.inline_asm_elementwise(_WARM_ASM, "=r,l,r", [base + start, share], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_lt, stride_qt, stride_qh,
                   stride_ks, stride_kh, stride_vs, stride_vh, scale,
@@ -169,7 +200,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                   pos_ptr, eps, trace_ptr,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
-                  ROWS: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr = False):
+                  ROWS: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr = False,
+                  warm_ptr=None, warm_bytes=0, WARM: tl.constexpr = False):
     # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
     # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
     # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
@@ -241,6 +273,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
         v = tl.load(v_ptr + offs_s[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
                     mask=smask[:, None], other=0.0)
         m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc)
+    if WARM:  # after the keys: the request waits on l_i, which they made
+        _warm_share(warm_ptr, warm_bytes, tl.max(l_i, axis=0))
     base = (kvh * NSPLIT + sp) * ROWS
     # The real rows only (the merge never reads the others): a decode row is 4 of a block's 16, and storing all 16
     # cost the H100 decode step at ctx 8192 about 1 us a layer (graph replays 3.636-3.639 -> 3.597-3.605 ms,
@@ -295,6 +329,12 @@ def merge_shape(nsplit: int, d: int) -> tuple[int, int]:
     return dsplit, max(1, min(splits_p2, MERGE_ELEMS // (d // dsplit)))
 
 
+def _hopper(device: torch.device) -> bool:
+    """Whether compiled kernels run on a GPU with the bulk L2 prefetch (sm_90 and newer)."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def _split_tuning(split: int, rows: int) -> dict:
     # Triton's defaults (4 warps, 3 stages) unless a sweep or DFLASH_SPLIT_STAGES sets them, except 2 stages for
     # decode splits (at most TWO_STAGE_ROWS rows a program) of several key blocks, so that two programs an SM fit in
@@ -332,14 +372,16 @@ def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
 
 
 def attention_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
-                    limit, scale: float) -> torch.Tensor:
+                    limit, scale: float, warm=None) -> torch.Tensor:
     """ops.qk_norm_rope_write then attention_window over the cache's first `window` rows, in the split kernel:
-    q, k, v [T, heads, D] straight from the projection, positions [T] consecutive, cos/sin whole tables."""
+    q, k, v [T, heads, D] straight from the projection, positions [T] consecutive, cos/sin whole tables. warm: (a
+    uint8 tensor, bytes) that a decode row's split programs ask into L2 once their keys are in (ops.split_warm), or
+    None."""
     fresh = (k, v, q_weight, k_weight, eps, cos, sin, positions)
-    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh)
+    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh, warm)
 
 
-def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
+def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     t, h, d = q.shape
     s, kv, _ = k.shape
     g = h // kv
@@ -367,12 +409,15 @@ def _attend(q, k, v, limit, scale, fresh) -> torch.Tensor:
     decode = t * g <= 16
     early = t == 1 and chain and fresh is not None and (EARLY_ONE if split == BLOCK_S else EARLY_KEYS)
     pdl = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S) or early
+    # Decode rows only (ops.split_warm).
+    warm = warm if warm is not None and warm[1] > 0 and decode and _hopper(q.device) else None
     grid = (kv, nsplit, blocks)
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                         kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
                         sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                         FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows, EARLY=early,
+                        warm_ptr=warm[0] if warm else k, warm_bytes=warm[1] if warm else 0, WARM=warm is not None,
                         **block_trace.args("split", grid, q),
                         **launch_options(q.device, pdl, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)
