@@ -29,16 +29,17 @@ TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "limit_ptr": "*i64", "part_o": "*fp32",
             "part_ml": "*fp32", "kn_ptr": "*bf16", "vn_ptr": "*bf16", "qw_ptr": "*bf16", "kw_ptr": "*bf16",
             "cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "trace_ptr": "*i64", "out_ptr": "*bf16",
-            "h_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "h_out": "*bf16", "x_out": "*bf16"}
+            "h_ptr": "*bf16", "d_ptr": "*bf16", "w_ptr": "*bf16", "h_out": "*bf16", "x_out": "*bf16",
+            "warm_ptr": "*u8"}
 FLOATS = {"scale", "eps"}
 # Qwen3-4B decode at ctx 1024 (window 2048: 32 splits of 64 keys), as attention._attend launches it.
 DECODE = dict(T=1, stride_lt=1, NSPLIT=32, stride_qt=6144, stride_qh=128, stride_ks=1024, stride_kh=128,
               stride_vs=1024, stride_vh=128, stride_knt=6144, stride_knh=128, stride_vnt=6144, stride_vnh=128,
-              stride_ot=4096, stride_h=2560, stride_d=2560)
+              stride_ot=4096, stride_h=2560, stride_d=2560, warm_bytes=0)
 KERNELS = {
     "split (decode, fresh)": (attention._split_kernel, 4, dict(
         G=4, D=128, BLOCK_R=16, BLOCK_S=64, SPLIT=64, FRESH=True, BLOCK_T=1, PDL=True, ROWS=16, TRACE=False,
-        EARLY=False)),
+        EARLY=False, WARM=False, WARM_STEPS=1, WARM_THREADS=128)),
     "merge (decode)": (attention._merge_kernel, 1, dict(
         NSPLIT=32, G=4, D=128, DB=64, BLOCK_R=16, SPLITS_P2=32, CHUNK=32, PDL=True, TRACE=False)),
     "add + norm": (elementwise._add_rms_norm_kernel, 4, dict(D=2560, BLOCK=4096, PDL=True, TRACE=False)),

@@ -189,6 +189,7 @@ struct BlockTrace {
 // them). The next product then finds its first rows in L2 when it starts. A hint: nothing waits on it. Measured on
 // the H100 (benchmarks/2026-11-23-h100/session4/): a few MB win, more loses, and so does warming only from the blocks
 // that finish last.
+// (The attention's split asks for o's rows the same way, from Triton: dflash_cli/engine/kernels/attention.py.)
 struct Warm {
   const char* a;
   const char* b;
@@ -215,9 +216,11 @@ __device__ __forceinline__ void warm_l2(const Warm& warm) {
 // A thread's place in a launch: lane, quad row g and column t (the mma fragment coordinates), its tile
 // (blockIdx.x) and K split (blockIdx.y), and the range [c0, c1) of 32-wide K chunks its warp takes: the K range is
 // cut over splits x warps.
-// align (tile16: its U): the range is cut in whole batches of `align` chunks where it can be (the last part takes any
-// rest), so that no warp ends on a short batch, which tile16 runs as a loop of single chunks, a memory latency each
-// (down_proj: 304 chunks over 8 warps are 38 each, or 40 and 36 in batches of 4). skinny_tile asks for a short last
+// align (tile16: its U): the range is cut in whole batches of `align` chunks (the last part takes any rest, where
+// K / 32 is not a multiple of align), so that no other warp ends on a short batch, which tile16 runs as a loop of
+// single chunks, a memory latency each (down_proj: 304 chunks over 8 warps are 38 each, or 40 and 36 in batches of
+// 4). The longest warp may get up to align - 1 chunks more than an even cut gives it (Qwen3's default plans: at most
+// 2; a plan of unroll 8 over 8 warps at K = 2560 would get 16 against 10). skinny_tile asks for a short last
 // batch with the batch before instead (below); in tile16 that took 144 registers instead of 128 (one 8-warp block an
 // SM). H100 graph replays with both (benchmarks/2026-11-25-h100/session38/aligned.log), ms, before -> after: decode
 // 3.108/3.109 -> 3.082/3.082, verify 16 rows 3.418/3.422 -> 3.394/3.398, verify 8 rows 3.291/3.289 -> 3.278/3.276,

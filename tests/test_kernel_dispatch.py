@@ -136,6 +136,43 @@ def test_qkv_warms_the_layer_keys_over_long_windows(monkeypatch):
     assert decoder.read_after_qkv(layer, Span(cache, decoder.KV_WARM_WINDOW - 1, 1, cos, sin), 1) is o
 
 
+def test_the_split_warms_o_where_qkv_did_not(monkeypatch):
+    """A decode row's attention is handed o to warm (ops.split_warm: its first bytes, whole 16-byte granules) only
+    over windows where the qkv product warmed the keys instead (read_after_qkv)."""
+    from types import SimpleNamespace
+
+    from dflash_cli.engine.kv_cache import KVCache
+    from dflash_cli.models import decoder
+
+    o = torch.zeros(64, 32, dtype=torch.bfloat16)  # 4096 bytes
+    monkeypatch.setattr(ops, "_SPLIT_WARM_BYTES", 1000)
+    flat, n = ops.split_warm(o)
+    assert flat.dtype == torch.uint8 and flat.data_ptr() == o.data_ptr() and n == 992
+    monkeypatch.setattr(ops, "_SPLIT_WARM_BYTES", 8 << 20)
+    assert ops.split_warm(o)[1] == 4096 and ops.split_warm(None) is None
+    monkeypatch.setattr(ops, "_SPLIT_WARM_BYTES", 0)
+    assert ops.split_warm(o) is None
+
+    cfg = SimpleNamespace(head_dim=8, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6)
+    layer = decoder.DecoderLayer(qkv=None, qkv_bias=None, o=o, gate_up=None, down=None, input_norm=None,
+                                 post_norm=None, q_norm=None, k_norm=None)
+    monkeypatch.setattr(ops, "linear", lambda x, w, b=None, **kw: torch.zeros(x.shape[0], 64))
+    handed = []
+
+    class Recorder:
+        def __init__(self, window):
+            self.window, self.cache = window, KVCache.allocate(2, 16, 2, 8, torch.bfloat16, "cpu")
+
+        def attend_fresh(self, layer, q, k, v, q_norm, k_norm, eps, scale, then=None):
+            handed.append(then)
+            return q.reshape(q.shape[0], -1)
+
+    x = torch.zeros(1, 16)
+    decoder.self_attention(layer, x, cfg, Recorder(decoder.KV_WARM_WINDOW + 1), 1, 1.0)
+    decoder.self_attention(layer, x, cfg, Recorder(decoder.KV_WARM_WINDOW), 1, 1.0)
+    assert handed[0] is o and handed[1] is None
+
+
 def test_numeric_switches_name_themselves_when_malformed(monkeypatch):
     from dflash_cli.errors import DflashError
 

@@ -182,7 +182,8 @@ def fuses_mlp_norm(h: torch.Tensor) -> bool:
 # Bytes of the next weight warmed into L2 after a product (0: off). H100 graph replays, every product warming the
 # next one (benchmarks/2026-11-23-h100/session4/): decode 3.466 ms with none, 3.419 with 2 MB, 3.386 with 4, 3.388
 # with 6, 3.41 with 8 and 3.62 with 16; verify-16 3.727 -> 3.639 and ctx 8192 decode 3.877 -> 3.862 with 4 MB.
-# Warming only the o projection during attention (12-24 MB) was slower than none.
+# Warming only the o projection during attention (12-24 MB) was slower than none (over long windows the attention's
+# split warms o instead: _SPLIT_WARM_BYTES).
 _WARM_BYTES = int(env_number("DFLASH_L2_WARM_MB", 4.0, float) * (1 << 20))
 
 

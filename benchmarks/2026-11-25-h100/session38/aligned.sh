@@ -2,7 +2,8 @@
 # Session 38: graph replays (benchmarks/step_profile.py, REPLAYS_ONLY=1), two rounds at CTX 1024 (ctx 8192 beside
 # it), of three GEMM sources: `new` (csrc: 8-row tiles ask for a warp's short last batch with the batch before),
 # `aligned` (the same, and tile16 cuts K over its warps in whole batches: skinny_gemm_aligned.cu) and `before`
-# (skinny_gemm_before.cu). `aligned` landed as csrc/skinny_gemm.cu (comments aside); `before` was 5f4782a's.
+# (skinny_gemm_before.cu). `aligned` landed as csrc/skinny_gemm.cu (comments aside) in 36b941a; `before` was
+# 5f4782a's (`git show 5f4782a:csrc/skinny_gemm.cu`); the copies are not kept.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

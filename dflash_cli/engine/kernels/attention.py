@@ -163,7 +163,8 @@ def _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc):
 
 
 # One 4 KB piece of a program's share a thread: thread t asks L2 for bytes [t * 4096, min(share, (t + 1) * 4096)) of
-# the share at $1 (share: $2 bytes, a multiple of 16; nothing where it is <= 0).
+# the share at $1 (share: $2 bytes, a multiple of 16; nothing where it is <= 0). The CUDA GEMM's warm-up
+# (csrc/skinny_gemm.cu, warm_share) does the same from its blocks.
 _WARM_ASM = tl.constexpr("""{
 .reg .u32 t;
 .reg .s32 r;
@@ -182,15 +183,19 @@ mov.u32 $0, 0;
 
 
 @triton.jit
-def _warm_share(base, nbytes, after):
+def _warm_share(base, nbytes, after, STEPS: tl.constexpr, THREADS: tl.constexpr):
     """This program's share of the nbytes at base (a byte pointer, 16-byte aligned; nbytes a multiple of 16) asked
-    into L2, once `after` (a value the request must wait for) is known; a hint: nothing waits on it."""
+    into L2, once `after` (a value the requests must wait for) is known, in STEPS rounds of one 4 KB piece for each
+    of the program's THREADS threads; a hint: nothing waits on it."""
     programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
     index = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
     share = ((nbytes + programs - 1) // programs + 15) // 16 * 16
     start = index * share
     share = tl.where(after >= 0, tl.minimum(share, nbytes - start), 0)
-    tl.inline_asm_elementwise(_WARM_ASM, "=r,l,r", [base + start, share], dtype=tl.int32, is_pure=False, pack=1)
+    for i in tl.static_range(STEPS):
+        done = i * THREADS * 4096
+        tl.inline_asm_elementwise(_WARM_ASM, "=r,l,r", [base + start + done, share - done], dtype=tl.int32,
+                                  is_pure=False, pack=1)
 
 
 @triton.jit
@@ -201,7 +206,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
                   ROWS: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr = False,
-                  warm_ptr=None, warm_bytes=0, WARM: tl.constexpr = False):
+                  warm_ptr=None, warm_bytes=0, WARM: tl.constexpr = False, WARM_STEPS: tl.constexpr = 1,
+                  WARM_THREADS: tl.constexpr = 128):
     # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
     # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
     # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
@@ -274,7 +280,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                     mask=smask[:, None], other=0.0)
         m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc)
     if WARM:  # after the keys: the request waits on l_i, which they made
-        _warm_share(warm_ptr, warm_bytes, tl.max(l_i, axis=0))
+        _warm_share(warm_ptr, warm_bytes, tl.max(l_i, axis=0), WARM_STEPS, WARM_THREADS)
     base = (kvh * NSPLIT + sp) * ROWS
     # The real rows only (the merge never reads the others): a decode row is 4 of a block's 16, and storing all 16
     # cost the H100 decode step at ctx 8192 about 1 us a layer (graph replays 3.636-3.639 -> 3.597-3.605 ms,
@@ -327,12 +333,6 @@ def merge_shape(nsplit: int, d: int) -> tuple[int, int]:
     while splits_p2 * d // dsplit > MERGE_ELEMS and d // dsplit > 16 and dsplit < MERGE_DSPLIT:
         dsplit *= 2
     return dsplit, max(1, min(splits_p2, MERGE_ELEMS // (d // dsplit)))
-
-
-def _hopper(device: torch.device) -> bool:
-    """Whether compiled kernels run on a GPU with the bulk L2 prefetch (sm_90 and newer)."""
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _split_tuning(split: int, rows: int) -> dict:
@@ -410,7 +410,12 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     early = t == 1 and chain and fresh is not None and (EARLY_ONE if split == BLOCK_S else EARLY_KEYS)
     pdl = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S) or early
     # Decode rows only (ops.split_warm).
-    warm = warm if warm is not None and warm[1] > 0 and decode and _hopper(q.device) else None
+    warm = warm if warm is not None and warm[1] > 0 and decode and pdl.hopper(q.device) else None
+    threads = 32 * tuning.get("num_warps", 4)
+    if warm is not None:
+        if warm[0].dtype != torch.uint8 or warm[0].data_ptr() % 16 or warm[1] % 16 or warm[1] > warm[0].numel():
+            raise ValueError("warm: a 16-byte aligned uint8 tensor and a multiple of 16 of its bytes")
+        share = (triton.cdiv(warm[1], kv * nsplit * blocks) + 15) // 16 * 16  # a program's, as _warm_share cuts it
     grid = (kv, nsplit, blocks)
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
@@ -418,6 +423,7 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
                         sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                         FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows, EARLY=early,
                         warm_ptr=warm[0] if warm else k, warm_bytes=warm[1] if warm else 0, WARM=warm is not None,
+                        WARM_STEPS=triton.cdiv(share, threads * 4096) if warm else 1, WARM_THREADS=threads,
                         **block_trace.args("split", grid, q),
                         **launch_options(q.device, pdl, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)

@@ -19,15 +19,22 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_enabled: dict = {}
+_hopper: dict = {}
+
+
+def hopper(device: torch.device) -> bool:
+    """Whether compiled kernels run on an NVIDIA GPU of compute capability 9.0 or newer (programmatic dependent
+    launch, bulk L2 prefetches): not on a CPU, in Triton's interpreter or on ROCm."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or torch.version.hip is not None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _hopper:
+        _hopper[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _hopper[index]
 
 
 def enabled(device: torch.device) -> bool:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _enabled:
-        _enabled[index] = (os.environ.get("DFLASH_PDL", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
-                           and torch.cuda.get_device_capability(index)[0] >= 9)
-    return _enabled[index]
+    return os.environ.get("DFLASH_PDL", "1") != "0" and hopper(device)
 
 
 def launch_options(device: torch.device, allowed: bool = True, trigger: bool = False) -> dict:
