@@ -29,7 +29,7 @@ from ..switches import env_number, env_power_of_two
 from . import block_trace
 from .elementwise import norm_rope
 from . import pdl
-from .pdl import launch_options, start as pdl_start
+from .pdl import hopper, launch_options, start as pdl_start
 
 SPLIT = 256  # most keys per program
 BLOCK_S = 64
@@ -410,7 +410,7 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     early = t == 1 and chain and fresh is not None and (EARLY_ONE if split == BLOCK_S else EARLY_KEYS)
     pdl = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S) or early
     # Decode rows only (ops.split_warm).
-    warm = warm if warm is not None and warm[1] > 0 and decode and pdl.hopper(q.device) else None
+    warm = warm if warm is not None and warm[1] > 0 and decode and hopper(q.device) else None
     threads = 32 * tuning.get("num_warps", 4)
     if warm is not None:
         if warm[0].dtype != torch.uint8 or warm[0].data_ptr() % 16 or warm[1] % 16 or warm[1] > warm[0].numel():
