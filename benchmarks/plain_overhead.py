@@ -4,7 +4,8 @@ Greedy generations of 128 tokens after a CTX-token prompt through the real drive
 the wall time per step, as built and with the decode graph's device-side staging of the token id (and of the
 positions) skipped, a bound on what that staging costs (the tokens are then wrong; without the positions' staging
 the context also stops growing, so that bound includes less attention); and the same session's decode graph
-replayed alone, over the same window.
+replayed alone, over the same window, then with what the driver queues around it added step by step (its input
+staging, the token's read-back for the host, the step's timing marks), without the host's waits.
 """
 
 import os
@@ -17,7 +18,7 @@ from benchmarks.step_profile import CTX, prompt_and_sequence, replay_ms  # noqa:
 from dflash_cli.engine import graphs as graphs_module  # noqa: E402
 from dflash_cli.engine.generation import PlainDecoder, Request, generate  # noqa: E402
 from dflash_cli.engine.sampling import SamplingParams  # noqa: E402
-from dflash_cli.engine.session import Session  # noqa: E402
+from dflash_cli.engine.session import Session, mark, read_later  # noqa: E402
 from dflash_cli.synthetic import random_qwen3  # noqa: E402
 
 NEW = 128
@@ -52,8 +53,28 @@ def main():
     finally:
         graphs_module.stage, graphs_module.stage_positions = stage, stage_positions
     decode = next(s for k, s in session.fast.steps.items() if k[0] == 1 and s.graph is not None)
+    tok = decode.out.verdict[1:2]  # the graph's own token output, as the driver feeds it back
+    start = session.length
+
+    def staged():  # the driver's two staging kernels, then the replay
+        graphs_module.stage(decode.ids, tok)
+        graphs_module.stage_positions(decode.positions, start)
+        decode.graph.replay()
+
+    def read_back():  # and the token's copy for the host first (read_later), as in PlainDecoder.step
+        read_later(tok)
+        staged()
+
+    def marked():  # and the step's two timing marks
+        a = mark(session.device)
+        read_back()
+        mark(session.device)
+        return a
+
     for rnd in range(2):  # at the last generation's final position
-        print(f"round {rnd}: its decode graph replayed alone {replay_ms(decode.graph.replay, 100):.4f} ms")
+        print(f"round {rnd}: its decode graph replayed alone {replay_ms(decode.graph.replay, 100):.4f} ms, "
+              f"after its staging kernels {replay_ms(staged, 100):.4f}, and the token's read-back "
+              f"{replay_ms(read_back, 100):.4f}, and the step's marks {replay_ms(marked, 100):.4f}")
 
 
 if __name__ == "__main__":
