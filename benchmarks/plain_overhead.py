@@ -1,11 +1,11 @@
 """GPU: what a plain decode step costs beyond its graph. Random Qwen3-4B shapes, bf16, CTX (default 1024).
 
 Greedy generations of 128 tokens after a CTX-token prompt through the real driver (PlainDecoder, lookahead, graphs):
-the wall time per step, as built and with the decode graph's device-side staging of the token id (and of the
-positions) skipped, a bound on what that staging costs (the tokens are then wrong; without the positions' staging
-the context also stops growing, so that bound includes less attention); and the same session's decode graph
-replayed alone, over the same window, then with what the driver queues around it added step by step (its input
-staging, the token's read-back for the host, the step's timing marks), without the host's waits.
+the wall time per step, as built and with the decode graph's device-side staging of the token id and positions
+skipped, a bound on what that staging costs (the tokens are then wrong, and the context stops growing, so that
+bound includes less attention); and the same session's decode graph replayed alone, over the same window, then
+with what the driver queues around it added step by step (its input staging, the token's read-back for the host,
+the step's timing mark), without the host's waits.
 """
 
 import os
@@ -41,40 +41,36 @@ def main():
     prompt = prompt_and_sequence(NEW)[0]
     session = Session(model, CTX + NEW + 64, "graphs")
     print(f"device {torch.cuda.get_device_name()}  ctx {CTX}  window {session.max_len}")
-    stage, stage_positions = graphs_module.stage, graphs_module.stage_positions
+    stage_step = graphs_module.stage_step
     try:
         for rnd in range(2):
-            for skip in ("", "ids", "ids,positions"):
-                graphs_module.stage = (lambda d, s: None) if "ids" in skip else stage
-                graphs_module.stage_positions = (lambda d, s: None) if "positions" in skip else stage_positions
+            for skip in (False, True):
+                graphs_module.stage_step = (lambda *a: None) if skip else stage_step
                 w = walls(session, prompt)
-                print(f"round {rnd}: generation, staging skipped: {skip or 'none':14s} wall ms/step median "
+                print(f"round {rnd}: generation, staging {'skipped' if skip else 'as built'}: wall ms/step median "
                       f"{w[len(w) // 2]:.4f} (all {' '.join(f'{x:.4f}' for x in w)})")
     finally:
-        graphs_module.stage, graphs_module.stage_positions = stage, stage_positions
+        graphs_module.stage_step = stage_step
     decode = next(s for k, s in session.fast.steps.items() if k[0] == 1 and s.graph is not None)
     tok = decode.out.verdict[1:2]  # the graph's own token output, as the driver feeds it back
     start = session.length
 
-    def staged():  # the driver's two staging kernels, then the replay
-        graphs_module.stage(decode.ids, tok)
-        graphs_module.stage_positions(decode.positions, start)
+    def staged():  # the driver's staging of the graph's inputs, then the replay
+        graphs_module.stage_step(decode.ids, tok, decode.positions, start)
         decode.graph.replay()
 
     def read_back():  # and the token's copy for the host first (read_later), as in PlainDecoder.step
         read_later(tok)
         staged()
 
-    def marked():  # and the step's two timing marks
-        a = mark(session.device)
+    def marked():  # and the step's timing mark
         read_back()
         mark(session.device)
-        return a
 
     for rnd in range(2):  # at the last generation's final position
         print(f"round {rnd}: its decode graph replayed alone {replay_ms(decode.graph.replay, 100):.4f} ms, "
               f"after its staging kernels {replay_ms(staged, 100):.4f}, and the token's read-back "
-              f"{replay_ms(read_back, 100):.4f}, and the step's marks {replay_ms(marked, 100):.4f}")
+              f"{replay_ms(read_back, 100):.4f}, and the step's mark {replay_ms(marked, 100):.4f}")
 
 
 if __name__ == "__main__":

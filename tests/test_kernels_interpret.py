@@ -22,6 +22,11 @@ CHECK = textwrap.dedent("""
     torch.manual_seed(0)
     def rel(a, b):
         return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+    # A graph's device-side inputs staged in one launch: ids from a strided view, positions from the start.
+    for n in (1, 17):
+        ids, pos, src = torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long), torch.arange(3 * n) * 7
+        k.stage_step(ids, src[::3], pos, 4095)
+        assert torch.equal(ids, src[::3]) and torch.equal(pos, torch.arange(4095, 4095 + n))
     for dt, tol in ((torch.float32, 1e-6), (torch.float16, 1e-3)):
         x = torch.randn(5, 96).to(dt)
         w = (1 + 0.1 * torch.randn(96)).to(dt)

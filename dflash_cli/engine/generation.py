@@ -59,13 +59,17 @@ class PlainDecoder:
     def __init__(self, lookahead: bool | None = None):
         self.lookahead = lookahead  # None: on CUDA (on CPU the queued forward would just run first)
         self._ahead = None  # (position, the sampled token as a device tensor) of a queued forward
+        # On CUDA the previous step's end mark is this step's start: nothing is queued on the device between them,
+        # and each event recorded between two graphs costs the stream a few µs (benchmarks/2026-11-25-h100/
+        # session38/). (On CPU the marks are wall times, and the host's work between steps is not the step's.)
+        self._end = None
 
     def prefill(self, session: Session, ids: list[int]) -> torch.Tensor:
-        self._ahead = None
+        self._ahead = self._end = None
         return session.forward(ids).logits[-1]
 
     def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
-        t0 = mark(session.device)
+        t0 = self._end if self._end is not None and session.device.type == "cuda" else mark(session.device)
         if self._ahead is not None and self._ahead[0] == session.length:
             session.length += 1  # `last` went through the queued forward: commit it
             tok = self._ahead[1]
@@ -80,7 +84,7 @@ class PlainDecoder:
             nxt = self._next(session, tok.view(1), params, gen)  # the next step's; committed when it is used
             session.length = at
             self._ahead = (at, nxt)
-        t1 = mark(session.device)
+        t1 = self._end = mark(session.device)
         return Step(emitted=value(), marks=(t0, t0, t1))  # the step's one host sync
 
     @staticmethod
@@ -90,7 +94,7 @@ class PlainDecoder:
         return out.verdict[1] if out.verdict is not None else sample(out.logits[-1], params, gen)
 
     def sync(self, session: Session) -> None:
-        self._ahead = None
+        self._ahead = self._end = None
 
 
 @dataclass

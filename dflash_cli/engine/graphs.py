@@ -68,6 +68,16 @@ def stage(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)
 
 
+def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int) -> None:
+    """stage(ids, src), then stage_positions(positions, start): one kernel where the Triton kernels run. Each small
+    kernel between two graphs costs the stream a few µs (benchmarks/2026-11-25-h100/session38/)."""
+    fits = (KERNEL_STAGING and ids.is_cuda and src.device == ids.device and src.dtype == ids.dtype == positions.dtype
+            == torch.long and src.dim() == 1 and ids.is_contiguous() and positions.is_contiguous())
+    if not (fits and ops.stage_step(ids, src, positions, start)):
+        stage(ids, src)
+        stage_positions(positions, start)
+
+
 _rows: dict = {}  # device -> arange(MAX_ROWS) there
 
 
@@ -173,12 +183,11 @@ class Graphs:
             step = self.steps[key] = self._build(key, ids, src, on_host)
         elif on_host and step.inputs is not None:
             step.inputs.copy_(src, non_blocking=True)
+        elif src is None:  # device ids at consecutive positions
+            stage_step(step.ids, ids, step.positions, start)
         else:
             stage(step.ids, src[:n] if on_host else ids)
-            if src is None:
-                stage_positions(step.positions, start)
-            else:
-                stage(step.positions, src[n:] if on_host else src)
+            stage(step.positions, src[n:] if on_host else src)
         if step.graph is not None:
             step.graph.replay()
         else:

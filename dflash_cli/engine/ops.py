@@ -42,6 +42,16 @@ def _triton_on(x: torch.Tensor):
     return _kernels or None
 
 
+def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int) -> bool:
+    """ids[:] = src and positions[:] = start, start + 1, ... in one GPU kernel (kernels/elementwise.stage_step);
+    False, and nothing done, where the Triton kernels do not run."""
+    kernels = _triton_on(ids)
+    if not kernels:
+        return False
+    kernels.stage_step(ids, src, positions, start)
+    return True
+
+
 @contextmanager
 def reference_only():
     """The torch reference path for everything inside (training: the Triton kernels have no backward)."""

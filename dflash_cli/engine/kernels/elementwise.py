@@ -232,3 +232,19 @@ def add_rms_norm(h, delta, weight, eps):
                                BLOCK=triton.next_power_of_2(d), **block_trace.args("norm", (t,), h),
                                **launch_options(h.device))
     return h_out, x_out
+
+
+@triton.jit
+def _stage_step_kernel(ids_ptr, src_ptr, pos_ptr, stride_src, start, N, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    m = r < N
+    tl.store(ids_ptr + r, tl.load(src_ptr + r * stride_src, mask=m), mask=m)
+    tl.store(pos_ptr + r, start + r.to(tl.int64), mask=m)
+
+
+def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int) -> None:
+    """ids[:] = src and positions[:] = start, start + 1, ... (int64 [N], ids and positions contiguous): a graph's
+    device-side inputs in one launch (engine/graphs.stage_step)."""
+    n = ids.shape[0]
+    _stage_step_kernel[(1,)](ids, src, positions, src.stride(0), start, n, BLOCK=max(16, triton.next_power_of_2(n)),
+                             num_warps=1)
