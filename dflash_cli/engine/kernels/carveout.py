@@ -55,10 +55,11 @@ def apply() -> None:
     """Set CARVEOUT on every kernel loaded so far (once each); nothing where it is negative."""
     if CARVEOUT < 0:
         return
-    driver = ctypes.CDLL("libcuda.so.1")
+    from .cubin import driver
+
     for handle in _handles():
         if handle not in _done:
-            code = driver.cuFuncSetAttribute(ctypes.c_void_p(handle), _PREFERRED, CARVEOUT)
+            code = driver().cuFuncSetAttribute(ctypes.c_void_p(handle), _PREFERRED, CARVEOUT)
             if code != 0:
                 raise RuntimeError(f"DFLASH_CARVEOUT={CARVEOUT}: cuFuncSetAttribute failed with CUDA error {code}")
             _done.add(handle)

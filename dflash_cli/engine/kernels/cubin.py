@@ -8,6 +8,7 @@ Python headers. Launches go on torch's current stream, so CUDA graphs capture th
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -129,11 +130,17 @@ def c_args(args: list) -> list:
             if isinstance(a, Ptr) else ctypes.c_float(a) if isinstance(a, float) else ctypes.c_int(a) for a in args]
 
 
+@functools.cache
+def driver() -> ctypes.CDLL:
+    """The CUDA driver library, loaded once (cubins and kernels/carveout.py call it)."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
 class Module:
     """A loaded cubin on one device (its primary context) and its functions."""
 
     def __init__(self, device: torch.device, image: bytes):
-        self.driver = ctypes.CDLL("libcuda.so.1")
+        self.driver = driver()
         self.device = device
         torch.cuda.synchronize(device)  # the primary context is current on this thread
         self.module = ctypes.c_void_p()
