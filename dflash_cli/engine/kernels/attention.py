@@ -29,7 +29,7 @@ from ..switches import env_number, env_power_of_two
 from . import block_trace
 from .elementwise import norm_rope
 from . import pdl
-from .pdl import hopper, launch_options, start as pdl_start
+from .pdl import launch_options, start as pdl_start
 
 SPLIT = 256  # most keys per program
 BLOCK_S = 64
@@ -408,14 +408,15 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     chain = few and blocks == 1 and DECODE_CHAIN and (split == BLOCK_S or LONG_CHAIN)
     decode = t * g <= 16
     early = t == 1 and chain and fresh is not None and (EARLY_ONE if split == BLOCK_S else EARLY_KEYS)
-    pdl = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S) or early
+    launch_early = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S) or early
     # Decode rows only (ops.split_warm).
-    warm = warm if warm is not None and warm[1] > 0 and decode and hopper(q.device) else None
-    threads = 32 * tuning.get("num_warps", 4)
+    warm = warm if warm is not None and warm[1] > 0 and decode and pdl.hopper(q.device) else None
+    threads, warm_steps = 32 * tuning.get("num_warps", 4), 1
     if warm is not None:
         if warm[0].dtype != torch.uint8 or warm[0].data_ptr() % 16 or warm[1] % 16 or warm[1] > warm[0].numel():
             raise ValueError("warm: a 16-byte aligned uint8 tensor and a multiple of 16 of its bytes")
         share = (triton.cdiv(warm[1], kv * nsplit * blocks) + 15) // 16 * 16  # a program's, as _warm_share cuts it
+        warm_steps = triton.cdiv(share, threads * 4096)
     grid = (kv, nsplit, blocks)
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
@@ -423,14 +424,14 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
                         sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
                         FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows, EARLY=early,
                         warm_ptr=warm[0] if warm else k, warm_bytes=warm[1] if warm else 0, WARM=warm is not None,
-                        WARM_STEPS=triton.cdiv(share, threads * 4096) if warm else 1, WARM_THREADS=threads,
+                        WARM_STEPS=warm_steps, WARM_THREADS=threads,
                         **block_trace.args("split", grid, q),
-                        **launch_options(q.device, pdl, trigger=chain), **tuning)
+                        **launch_options(q.device, launch_early, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)
     grid = (kv, t * g, dsplit)
     _merge_kernel[grid](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
                         BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
                         num_warps=MERGE_WARPS,
                         **block_trace.args("merge", grid, q),
-                        **launch_options(q.device, pdl or chain, trigger=MERGE_TRIGGER))
+                        **launch_options(q.device, launch_early or chain, trigger=MERGE_TRIGGER))
     return out
