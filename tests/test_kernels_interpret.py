@@ -77,6 +77,14 @@ CHECK = textwrap.dedent("""
                 ref = ops.greedy_verdict(ids, lg)
             assert torch.equal(greedy.greedy_verdict(ids, lg), ref), (ids, ref)
         assert torch.equal(greedy.greedy_verdict(torch.tensor([7]), lg[:1]), torch.stack([best[0] * 0, best[0]]))
+        fed_ids, fed_pos, fed = torch.tensor([7]), torch.tensor([4]), torch.zeros(9, dtype=torch.long)
+        feeds = [(fed_ids, fed_pos, fed), (fed_ids.clone(), fed_pos.clone(), fed.clone())]
+        greedy.greedy_verdict(feeds[0][0], lg[:1], feeds[0][1:])
+        with ops.reference_only():
+            ops.greedy_verdict(feeds[1][0], lg[:1], feeds[1][1:])
+        for i, p, f in feeds:  # the token fed on as the next input and recorded after its position
+            b = int(best[0])
+            assert i.tolist() == [b] and p.tolist() == [5] and f.tolist() == [0] * 5 + [b] + [0] * 3
         h2, x2 = k.add_rms_norm(hh, delta, w, 1e-6)
         assert rel(h2, hh + delta) <= tol and rel(x2, ops.rms_norm(hh + delta, w, 1e-6)) <= tol
         gu = torch.randn(3, 2 * 1500).to(dt)

@@ -200,6 +200,27 @@ def test_plain_lookahead_changes_no_token(models, path):
     assert sampled[0] == sampled[1]
 
 
+def test_a_greedy_plain_step_feeds_its_next_inputs(models, monkeypatch):
+    """With lookahead on the static path, each decode step's verdict stages the next step's token and position
+    itself: after the first steps nothing is staged, across window buckets (a new bucket's first step is built
+    from the fed token), and the tokens are the eager path's."""
+    target = models[0]
+    prompt = [3 + i * 7 % 90 for i in range(230)]  # 50 more tokens cross the 256-key window
+    ref = generate(Session(target, 400, path="eager"), PlainDecoder(lookahead=False), Request(prompt, GREEDY, 50))
+    staged = []
+    for name in ("stage_step", "stage"):
+        real = getattr(graphs, name)
+        monkeypatch.setattr(graphs, name, lambda *a, _real=real, _name=name: (staged.append(_name), _real(*a))[1])
+    session = Session(target, 400, path="static")
+    got = generate(session, PlainDecoder(lookahead=True), Request(prompt, GREEDY, 50))
+    assert got.tokens == ref.tokens and staged == [] and {k[1] for k in session.fast.steps if k[0] == 1} == {256, 400}
+    assert session.fed_token(session.length - 1) is not None  # the last queued forward's record
+    more = generate(session, PlainDecoder(lookahead=True), Request([5, 6], GREEDY, 3))  # host ids: staged anew
+    again = Session(target, 400, path="eager")
+    generate(again, PlainDecoder(lookahead=False), Request(prompt, GREEDY, 50))
+    assert more.tokens == generate(again, PlainDecoder(lookahead=False), Request([5, 6], GREEDY, 3)).tokens
+
+
 @pytest.mark.parametrize("kind", ["dflash", "eagle3"])
 @pytest.mark.parametrize("draft_len", [1, 3, 5])
 def test_queued_proposals_change_no_draft(models, kind, draft_len):

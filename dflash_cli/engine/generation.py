@@ -69,29 +69,38 @@ class PlainDecoder:
         return session.forward(ids).logits[-1]
 
     def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
-        t0 = self._end if self._end is not None and session.device.type == "cuda" else mark(session.device)
+        cuda = session.device.type == "cuda"
+        t0 = self._end if self._end is not None and cuda else mark(session.device)
+        after = None  # a mark after the work that wrote the token, where it can be read in place
         if self._ahead is not None and self._ahead[0] == session.length:
             session.length += 1  # `last` went through the queued forward: commit it
             tok = self._ahead[1]
+            after = self._end if self._ahead[2] and cuda else None
         else:
-            tok = self._next(session, [last], params, gen)
+            tok, _ = self._next(session, [last], params, gen)
         self._ahead = None
-        ahead = session.device.type == "cuda" if self.lookahead is None else self.lookahead
+        ahead = cuda if self.lookahead is None else self.lookahead
         # Queued before the next forward, so reading it waits for this step's token only.
-        value = read_later(tok.view(1))
+        value = read_later(tok.view(1), after)
         if ahead and budget > 1 and session.length + 1 < session.max_len:
             at = session.length
-            nxt = self._next(session, tok.view(1), params, gen)  # the next step's; committed when it is used
+            nxt, in_place = self._next(session, tok.view(1), params, gen)  # the next step's; committed when used
             session.length = at
-            self._ahead = (at, nxt)
+            self._ahead = (at, nxt, in_place)
         t1 = self._end = mark(session.device)
         return Step(emitted=value(), marks=(t0, t0, t1))  # the step's one host sync
 
     @staticmethod
-    def _next(session: Session, ids, params: SamplingParams, gen) -> torch.Tensor:
-        """The token after a one-row forward of `ids`, on the device (greedy: the argmax inside the step's graph)."""
+    def _next(session: Session, ids, params: SamplingParams, gen) -> tuple[torch.Tensor, bool]:
+        """The token after a one-row forward of `ids`, on the device (greedy: the argmax inside the step's graph,
+        which feeds it on to the next: Session.fed_token), and whether it stays where it is until read (a graph's
+        own output does not: its next replay overwrites it)."""
+        at = session.length
         out = session.forward(ids, accept=params.greedy)
-        return out.verdict[1] if out.verdict is not None else sample(out.logits[-1], params, gen)
+        if out.verdict is None:
+            return sample(out.logits[-1], params, gen), True
+        fed = session.fed_token(at)
+        return (fed, True) if fed is not None else (out.verdict[1], False)
 
     def sync(self, session: Session) -> None:
         self._ahead = self._end = None

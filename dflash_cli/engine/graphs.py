@@ -132,10 +132,16 @@ class _Captured:
 
 class Graphs:
     """Captured replays of `fn(ids, positions, window, *extra)`: ids and positions (device int64 [P]) are static
-    device buffers."""
+    device buffers.
 
-    def __init__(self, fn, device, max_len: int, use_graphs: bool = True):
+    Steps whose key `feeds` (a greedy decode step) stage their own next inputs: fn writes the step's token into its
+    ids, the next position into its positions and the token into `fed` at that position (ops.greedy_verdict's feed).
+    A call that continues the last such replay with that token (`fed_token`) then stages nothing."""
+
+    def __init__(self, fn, device, max_len: int, use_graphs: bool = True, feeds=None, fed=None):
         self.fn, self.device, self.max_len = fn, torch.device(device), max_len
+        self.feeds, self.fed = feeds, fed  # feeds(key) -> bool; fed: long [max_len + 1] on the device
+        self._fed = None  # (key, position) the last feeding step's buffers hold its token at
         self.requested = use_graphs  # the session path's choice, whatever the device (see drafters' reset)
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.steps: dict[tuple, _Captured] = {}
@@ -181,6 +187,8 @@ class Graphs:
         built = step is None
         if built:
             step = self.steps[key] = self._build(key, ids, src, on_host)
+        elif positions is None and self._continues(key, start, ids):
+            pass  # its last replay staged this one's inputs (the token it fed, the next position)
         elif on_host and step.inputs is not None:
             step.inputs.copy_(src, non_blocking=True)
         elif src is None:  # device ids at consecutive positions
@@ -194,7 +202,21 @@ class Graphs:
             step.out = self._run(step, key)
             if built and self.device.type == "cuda":
                 carveout.apply()  # the kernels this uncaptured step compiled (captured steps: _build)
+        if self.feeds is not None and self.feeds(key):
+            self._fed = (key, start + 1) if positions is None else None
         return step.out
+
+    def _continues(self, key, start: int, ids) -> bool:
+        """Whether this call is the last feeding replay's next step: its key, at the position after, on the
+        token it fed (by address: that record was written by that replay, with the buffers)."""
+        return self._fed == (key, start) and torch.is_tensor(ids) and ids.data_ptr() == self.fed[start].data_ptr()
+
+    def fed_token(self, position: int) -> torch.Tensor | None:
+        """The token the last feeding step fed on from `position` (a 0-d device view, unchanged until `position` is
+        forwarded again: read it in place), or None where the last feeding step was elsewhere."""
+        if self._fed is None or self._fed[1] != position + 1:
+            return None
+        return self.fed[position + 1]
 
     def _evict_prefills(self) -> None:
         """Make room for one more prefill graph: drop the least recently used beyond prefill_graphs - 1."""
@@ -206,6 +228,7 @@ class Graphs:
         """Drop every captured step (they are rebuilt on next use): for when tensors a capture
         read in place, such as RoPE tables, have been replaced."""
         self.steps.clear()
+        self._fed = None
         if self.use_graphs:  # the private pool went with the dropped graphs: capture into a new one
             self.pool = torch.cuda.graph_pool_handle()
 
@@ -225,11 +248,14 @@ class Graphs:
         t0 = time.perf_counter()
         # Warm up on a side stream (lazy inits must not be captured), then capture. Both compute
         # with the real inputs, so the KV rows they write are the ones the replay writes again.
+        staged = (step.ids.clone(), step.positions.clone())  # a feeding step's run moves them on
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             self._run(step, key)
         torch.cuda.current_stream(dev).wait_stream(side)
+        step.ids.copy_(staged[0])
+        step.positions.copy_(staged[1])
         carveout.apply()  # one L1 / shared split for every kernel of the step, before the capture
         # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a
         # capture, its teardown would invalidate the capture. Collect first, and not during.
@@ -251,31 +277,40 @@ class Graphs:
         return step
 
 
-def with_verdict(out, ids: torch.Tensor, accept: bool):
-    """The forward's output with the greedy verdict on its rows where asked (`accept`)."""
+def with_verdict(out, ids: torch.Tensor, accept: bool, feed=None):
+    """The forward's output with the greedy verdict on its rows where asked (`accept`; feed: ops.greedy_verdict's)."""
     if accept:
-        out.verdict = ops.greedy_verdict(ids, out.logits)
+        out.verdict = ops.greedy_verdict(ids, out.logits, feed)
     return out
 
 
 def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     """Decode steps and verify spans of the target: extra key = (capture, all_logits, accept); with accept the
-    greedy verdict on the rows (ops.greedy_verdict) is part of the graph."""
+    greedy verdict on the rows (ops.greedy_verdict) is part of the graph, and a one-row step feeds its token to
+    its next replay (Graphs.fed_token): a greedy plain step then stages nothing (on the H100 the staging kernel
+    and the token's copy for the host cost a decode step about 6 us)."""
 
     # A one-token step with no captured states runs as the model's persistent kernel where it has one (built on
     # first use: the first capture pays its compile). It reads the cache up to the position, whatever the window.
     decode = []
 
+    fed = torch.zeros(cache.max_len + 1, dtype=torch.long, device=model.device)
+
+    def feeds(key) -> bool:
+        return key[0] == 1 and key[-1]
+
     def fn(ids, positions, window, capture, all_logits, accept=False):
+        feed = (positions, fed) if accept and len(ids) == 1 else None
         if len(ids) == 1 and not capture:
             if not decode:
                 make = getattr(model, "decode_kernel", None)
                 decode.append(make(cache) if make is not None else None)
             if decode[0] is not None:
-                return with_verdict(decode[0](ids, positions), ids, accept)
-        return with_verdict(model.forward_static(ids, positions, cache, window, capture, all_logits), ids, accept)
+                return with_verdict(decode[0](ids, positions), ids, accept, feed)
+        out = model.forward_static(ids, positions, cache, window, capture, all_logits)
+        return with_verdict(out, ids, accept, feed)
 
-    graphs = Graphs(fn, model.device, cache.max_len, use_graphs)
+    graphs = Graphs(fn, model.device, cache.max_len, use_graphs, feeds, fed)
     track = getattr(model, "track_graphs", None)
     if track is not None:  # the model clears them when it replaces tensors they captured (RoPE tables)
         track(graphs)

@@ -290,18 +290,27 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
-def greedy_verdict(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def greedy_verdict(ids: torch.Tensor, logits: torch.Tensor, feed=None) -> torch.Tensor:
     """Greedy acceptance of a verified span in one long tensor: ids [k+1] = [last, drafts...] and their logits
     [k+1, V] -> [n, bonus, drafts...], n the drafts that agree with the target's argmax before the first that
-    does not, bonus the target's argmax at row n (the token after them). Two kernels on the GPU."""
+    does not, bonus the target's argmax at row n (the token after them). Two kernels on the GPU.
+    feed = (positions [1], fed [max_len + 1]), one row only: the bonus also becomes the row's next input, in place
+    (ids[0] = bonus, positions[0] += 1), and is recorded at fed[position + 1], so that a graph's next replay needs
+    nothing staged and the host can read the token where nothing overwrites it (graphs.Graphs.fed_token)."""
     if _triton_on(logits) and logits.dim() == 2 and logits.stride(-1) == 1 and ids.is_contiguous():
         from .kernels import greedy
 
-        return greedy.greedy_verdict(ids, logits)
+        return greedy.greedy_verdict(ids, logits, feed)
     best = logits.argmax(-1)
     drafts = ids[1:]
     n = (drafts == best[:-1]).to(torch.int64).cumprod(0).sum()
-    return torch.cat([n.view(1), best.index_select(0, n.view(1)), drafts])
+    out = torch.cat([n.view(1), best.index_select(0, n.view(1)), drafts])
+    if feed is not None:
+        positions, fed = feed
+        fed.index_copy_(0, positions + 1, out[1:2])
+        ids.copy_(out[1:2])
+        positions.add_(1)
+    return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -48,27 +48,33 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _side[device]
 
 
-def read_later(t: torch.Tensor):
+def read_later(t: torch.Tensor, after=None):
     """Start bringing a device tensor's values to the host now; the returned callable waits for this copy only,
-    not for work queued after it, and gives them as a list (on CPU they are read at once)."""
+    not for work queued after it, and gives them as a list (on CPU they are read at once).
+    after: a mark (`mark`) queued after the work that writes t, where nothing overwrites t before it is read: the
+    copy then waits for that mark and reads t in place, and nothing more is queued on the step's stream."""
     if t.device.type != "cuda":
         values = t.tolist()
         return lambda: values
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     main = torch.cuda.current_stream(t.device)
     copied = torch.cuda.Event()
-    if KERNEL_STAGING:
-        # Off the step's stream: a kernel copies t (a graph's output, which the next replay overwrites), and a
-        # side stream brings the copy back, so the stream goes straight on to the next step (a DMA copy in it
-        # left it idle about 9 us before and after, H100). The copy's memory is not reused before it is read.
-        private = torch.empty_like(t)
-        stage(private, t)
+    if after is not None or KERNEL_STAGING:
+        # Off the step's stream: a side stream brings t back (a DMA copy in the step's stream left it idle about
+        # 9 us before and after, H100), so the stream goes straight on to the next step. Without `after`, t may be
+        # a graph's output, which the next replay overwrites: a kernel first copies it.
         side = _side_stream(t.device)
-        side.wait_stream(main)
+        if after is not None:
+            side.wait_event(after)
+            src = t
+        else:
+            src = torch.empty_like(t)
+            stage(src, t)
+            side.wait_stream(main)
+        src.record_stream(side)  # its memory is not reused before the copy has read it
         with torch.cuda.stream(side):
-            host.copy_(private, non_blocking=True)
+            host.copy_(src, non_blocking=True)
             copied.record(side)
-        private.record_stream(side)
     else:
         host.copy_(t, non_blocking=True)
         copied.record(main)
@@ -123,6 +129,11 @@ class Session:
     def reset(self) -> None:
         self.length = 0
         self.pending = []
+
+    def fed_token(self, position: int) -> torch.Tensor | None:
+        """The greedy token of the last one-row forward at `position`, where the graphs fed it on to the next step
+        (graphs.Graphs.fed_token): a device view that stays unchanged until `position` is forwarded again."""
+        return self.fast.fed_token(position) if self.fast is not None else None
 
     def forward(self, ids: Sequence[int] | torch.Tensor, capture=(), all_logits=False, accept=False):
         """Forward `ids` (host ids, or a 1-D device tensor that stays on the device) at the committed end

@@ -275,3 +275,9 @@ def test_greedy_kernels_match_torch():
             ids = torch.cat([best.new_tensor([3]), drafts])
             got = greedy.greedy_verdict(ids, lg).cpu()
             assert got[0] == min(cut, rows - 1) and got[1] == best[got[0]].cpu() and torch.equal(got[2:], drafts.cpu())
+    # One row fed on to the next step: its token as the next input, the next position, the token's record.
+    ids, positions, fed = best.new_tensor([3]), best.new_tensor([8]), best.new_zeros(12)
+    got = greedy.greedy_verdict(ids, lg[:1], (positions, fed)).cpu()
+    b = int(best[0])
+    assert got.tolist() == [0, b] and ids.tolist() == [b] and positions.tolist() == [9]
+    assert fed.tolist() == [0] * 9 + [b] + [0] * 2

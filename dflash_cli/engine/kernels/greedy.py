@@ -30,8 +30,8 @@ def _chunk_max_kernel(x_ptr, stride_x, V, val_ptr, idx_ptr, CHUNKS, BLOCK: tl.co
 
 
 @triton.jit
-def _finish_kernel(val_ptr, idx_ptr, ids_ptr, out_ptr, ROWS, CHUNKS, R: tl.constexpr, C: tl.constexpr,
-                   VERDICT: tl.constexpr, PDL: tl.constexpr):
+def _finish_kernel(val_ptr, idx_ptr, ids_ptr, out_ptr, pos_ptr, fed_ptr, ROWS, CHUNKS, R: tl.constexpr,
+                   C: tl.constexpr, VERDICT: tl.constexpr, FEED: tl.constexpr, PDL: tl.constexpr):
     pdl_start(PDL)
     r = tl.arange(0, R)
     c = tl.arange(0, C)
@@ -49,6 +49,11 @@ def _finish_kernel(val_ptr, idx_ptr, ids_ptr, out_ptr, ROWS, CHUNKS, R: tl.const
         tl.store(out_ptr, n.to(tl.int64))
         tl.store(out_ptr + 1, bonus)
         tl.store(out_ptr + 2 + r, drafts, mask=r < k)
+        if FEED:  # one row: its token becomes the next step's input, at the next position (ops.greedy_verdict)
+            p = tl.load(pos_ptr)
+            tl.store(ids_ptr, bonus)
+            tl.store(pos_ptr, p + 1)
+            tl.store(fed_ptr + p + 1, bonus)
     else:
         tl.store(out_ptr + r, best, mask=r < ROWS)
 
@@ -57,8 +62,8 @@ def _pow2(n: int) -> int:
     return max(2, triton.next_power_of_2(n))
 
 
-def _finish(logits: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
-    """Both passes: the rows' argmax (ids None) or, for a verify's rows `ids`, its verdict."""
+def _finish(logits: torch.Tensor, ids: torch.Tensor | None, feed=None) -> torch.Tensor:
+    """Both passes: the rows' argmax (ids None) or, for a verify's rows `ids`, its verdict (and its feed)."""
     rows, vocab = logits.shape
     chunks = triton.cdiv(vocab, CHUNK)
     vals = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
@@ -69,8 +74,9 @@ def _finish(logits: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
                                       **launch_options(logits.device, allowed=False, trigger=True))
     verdict = ids is not None
     out = torch.empty(rows + 1 if verdict else rows, dtype=torch.long, device=logits.device)
-    _finish_kernel[(1,)](vals, idx, ids if verdict else out, out, rows, chunks, R=_pow2(rows), C=_pow2(chunks),
-                         VERDICT=verdict, **launch_options(logits.device))
+    positions, fed = feed if feed is not None else (out, out)
+    _finish_kernel[(1,)](vals, idx, ids if verdict else out, out, positions, fed, rows, chunks, R=_pow2(rows),
+                         C=_pow2(chunks), VERDICT=verdict, FEED=feed is not None, **launch_options(logits.device))
     return out
 
 
@@ -79,6 +85,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return _finish(logits, None)
 
 
-def greedy_verdict(ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """As ops.greedy_verdict: ids long [k+1], logits [k+1, V] -> long [2 + k]."""
-    return _finish(logits, ids)
+def greedy_verdict(ids: torch.Tensor, logits: torch.Tensor, feed=None) -> torch.Tensor:
+    """As ops.greedy_verdict: ids long [k+1], logits [k+1, V] -> long [2 + k]; feed (one row only) as there."""
+    assert feed is None or logits.shape[0] == 1
+    return _finish(logits, ids, feed)
