@@ -27,18 +27,21 @@ from dflash_cli.synthetic import random_qwen3  # noqa: E402
 CTX = int(os.environ.get("CTX", "8192"))
 
 
-def spans_and_gaps(prof) -> tuple[list[float], list[float]]:
-    """Decode graphs' spans and the gaps before them (us), in device order, from a profile."""
+def spans_and_gaps(prof, trim: int = 2) -> tuple[list[float], list[float]]:
+    """Decode graphs' spans and the gaps after them (us), in device order, from a profile, less `trim` at each end."""
     gs = groups(prof)
     most = max(g[1] for g in gs)
     graphs = [g for g in gs if g[0] == "graph" and g[1] > most // 2]
     spans = [t - s for _, _, s, t in graphs]
     gaps = [b[2] - a[3] for a, b in zip(graphs, graphs[1:])]
-    return spans[2:-2], gaps[2:-2]
+    return spans[trim:-trim], gaps[trim:-trim]
 
 
-def describe(name: str, prof) -> None:
+def describe(name: str, prof, each: bool = False) -> None:
     spans, gaps = spans_and_gaps(prof)
+    if each:  # every span in device order, 16 a line
+        for i in range(0, len(spans), 16):
+            print(f"    {name} spans {i:3d}+: {' '.join(f'{x:.0f}' for x in spans[i:i + 16])}")
     print(f"  {name}: {len(spans)} graphs, span us median {statistics.median(spans):.1f} mean "
           f"{statistics.fmean(spans):.1f}; gap before the next median {statistics.median(gaps):.1f} mean "
           f"{statistics.fmean(gaps):.1f} (min {min(gaps):.1f}, max {max(gaps):.1f})")
@@ -109,7 +112,15 @@ def main():
         return run
 
     print("profiled (us):")
-    describe("generation", profile(generation))
+    describe("generation", profile(generation), each=True)
+    base = session.length - NEW
+
+    def sweep():  # the decode graph at each of the generation's positions in turn, the host far ahead
+        for p in range(base, base + NEW):
+            graphs_module.stage_step(decode.ids, tok, decode.positions, p)
+            decode.graph.replay()
+
+    describe("position sweep", profile(sweep), each=True)
     describe("free loop", profile(loop(step)))
     describe("paced loop", profile(loop(paced)))
     describe("lean paced loop", profile(loop(lean_paced)))
