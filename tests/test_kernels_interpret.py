@@ -27,6 +27,10 @@ CHECK = textwrap.dedent("""
         ids, pos, src = torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long), torch.arange(3 * n) * 7
         k.stage_step(ids, src[::3], pos, 4095)
         assert torch.equal(ids, src[::3]) and torch.equal(pos, torch.arange(4095, 4095 + n))
+    # A drafter's block: a device-chosen token, then mask ids, at a device-chosen offset past the start.
+    ids, pos = torch.zeros(6, dtype=torch.long), torch.zeros(6, dtype=torch.long)
+    k.stage_step(ids, torch.tensor([41]), pos, 100, offset=torch.tensor([3]), fill=7)
+    assert ids.tolist() == [41, 7, 7, 7, 7, 7] and pos.tolist() == list(range(103, 109))
     for dt, tol in ((torch.float32, 1e-6), (torch.float16, 1e-3)):
         x = torch.randn(5, 96).to(dt)
         w = (1 + 0.1 * torch.randn(96)).to(dt)

@@ -42,13 +42,15 @@ def _triton_on(x: torch.Tensor):
     return _kernels or None
 
 
-def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int) -> bool:
-    """ids[:] = src and positions[:] = start, start + 1, ... in one GPU kernel (kernels/elementwise.stage_step);
-    False, and nothing done, where the Triton kernels do not run."""
+def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int, offset=None,
+               fill: int = 0) -> bool:
+    """ids[:len(src)] = src, the rest of ids = fill, and positions[:] = start (+ offset[0], a device scalar),
+    start + 1, ... in one GPU kernel (kernels/elementwise.stage_step); False, and nothing done, where the Triton
+    kernels do not run."""
     kernels = _triton_on(ids)
     if not kernels:
         return False
-    kernels.stage_step(ids, src, positions, start)
+    kernels.stage_step(ids, src, positions, start, offset, fill)
     return True
 
 

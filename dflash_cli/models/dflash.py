@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..engine import ops
-from ..engine.graphs import upload
+from ..engine.graphs import stage_block, upload
 from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
@@ -95,8 +95,6 @@ class DFlashDrafter:
         self.graphs = self.fast = self.fast_absorb = None
         self.ctx_kv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # stacked k/v rows, made on first use
         self.ctx_k_norms: torch.Tensor | None = None
-        self.offsets = torch.arange(c.block_size, device=self.device)  # a block's rows, relative to its start
-        self.masks = torch.full((c.block_size,), c.mask_token_id, device=self.device)
         self.ctx_len = 0
         self.norms_folded = False
         if fold and _FOLD and ops.folds_norms(self.device, self.dtype):  # as the target's: the GPU's products run
@@ -219,10 +217,13 @@ class DFlashDrafter:
             raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
         m = hidden.shape[0]
         self.fast_absorb(hidden, start)
-        ids = torch.cat([bonus.view(1), self.masks[:n_draft]])
-        positions = self.offsets[: n_draft + 1] + (accepted + start + 1)
+        mask = self.c.mask_token_id
+
+        def block(ids, positions):  # [bonus, masks...] at start + accepted + 1, ...: one kernel
+            stage_block(ids, positions, bonus, accepted, mask, start + 1)
+
         # The block's last row lies at most at start + m + n_draft: the window is sized for that.
-        return self.fast(ids, start, end=start + m + n_draft + 1, positions=positions)
+        return self.fast.staged(n_draft + 1, start, block, end=start + m + n_draft + 1)
 
     def commit(self, length: int) -> None:
         """The context now ends at `length` (after draft_after: start + accepted + 1)."""

@@ -235,16 +235,24 @@ def add_rms_norm(h, delta, weight, eps):
 
 
 @triton.jit
-def _stage_step_kernel(ids_ptr, src_ptr, pos_ptr, stride_src, start, N, BLOCK: tl.constexpr):
+def _stage_step_kernel(ids_ptr, src_ptr, pos_ptr, off_ptr, stride_src, start, N, S, fill, OFFSET: tl.constexpr,
+                       BLOCK: tl.constexpr):
     r = tl.arange(0, BLOCK)
     m = r < N
-    tl.store(ids_ptr + r, tl.load(src_ptr + r * stride_src, mask=m), mask=m)
-    tl.store(pos_ptr + r, start + r.to(tl.int64), mask=m)
+    ids = tl.load(src_ptr + r * stride_src, mask=r < S, other=fill)
+    pos = start + r.to(tl.int64)
+    if OFFSET:
+        pos += tl.load(off_ptr)
+    tl.store(ids_ptr + r, ids, mask=m)
+    tl.store(pos_ptr + r, pos, mask=m)
 
 
-def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int) -> None:
-    """ids[:] = src and positions[:] = start, start + 1, ... (int64 [N], ids and positions contiguous): a graph's
-    device-side inputs in one launch (engine/graphs.stage_step)."""
+def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int, offset=None,
+               fill: int = 0) -> None:
+    """ids[:S] = src (S = its length), ids[S:] = fill, and positions[:] = start (+ offset[0], a device scalar, where
+    given), start + 1, ... (int64 [N], ids and positions contiguous): a graph's device-side inputs in one launch
+    (engine/graphs.stage_step and stage_block)."""
     n = ids.shape[0]
-    _stage_step_kernel[(1,)](ids, src, positions, src.stride(0), start, n, BLOCK=max(16, triton.next_power_of_2(n)),
+    _stage_step_kernel[(1,)](ids, src, positions, positions if offset is None else offset, src.stride(0), start, n,
+                             src.shape[0], fill, OFFSET=offset is not None, BLOCK=max(16, triton.next_power_of_2(n)),
                              num_warps=1)
