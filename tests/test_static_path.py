@@ -211,9 +211,16 @@ def test_a_greedy_plain_step_feeds_its_next_inputs(models, monkeypatch):
     for name in ("stage_step", "stage"):
         real = getattr(graphs, name)
         monkeypatch.setattr(graphs, name, lambda *a, _real=real, _name=name: (staged.append(_name), _real(*a))[1])
+    continued = []  # whether each call of a built step continued the last fed one
+    real_continues = graphs.Graphs._continues
+    monkeypatch.setattr(graphs.Graphs, "_continues",
+                        lambda self, *a: continued.append(real_continues(self, *a)) or continued[-1])
     session = Session(target, 400, path="static")
     got = generate(session, PlainDecoder(lookahead=True), Request(prompt, GREEDY, 50))
     assert got.tokens == ref.tokens and staged == [] and {k[1] for k in session.fast.steps if k[0] == 1} == {256, 400}
+    # One forward a step (the first step's own, then each step's queued one; the last step queues none): all but
+    # the two that built their steps (the first, on host ids, and the new bucket's first) continued the fed one.
+    assert continued == [True] * (len(got.steps) - 2)
     assert session.fed_token(session.length - 1) is not None  # the last queued forward's record
     more = generate(session, PlainDecoder(lookahead=True), Request([5, 6], GREEDY, 3))  # host ids: staged anew
     again = Session(target, 400, path="eager")

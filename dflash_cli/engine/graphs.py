@@ -84,7 +84,8 @@ def stage_block(ids: torch.Tensor, positions: torch.Tensor, head: torch.Tensor, 
     device scalars, as a verdict's bonus and count): a block after a token and at a place the device chose, in one
     kernel where the Triton kernels run (instead of a concatenation, three additions and two copies)."""
     head, offset = head.reshape(1), offset.reshape(1)
-    fits = (KERNEL_STAGING and ids.is_cuda and head.device == offset.device == ids.device and ids.is_contiguous()
+    fits = (KERNEL_STAGING and ids.is_cuda and head.device == offset.device == ids.device == positions.device
+            and ids.is_contiguous()
             and positions.is_contiguous() and head.dtype == offset.dtype == ids.dtype == positions.dtype == torch.long)
     if fits and ops.stage_step(ids, head, positions, start, offset, fill):
         return
