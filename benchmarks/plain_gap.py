@@ -1,11 +1,13 @@
 """GPU: where a plain generation's step goes beyond its decode graph. Random Qwen3-4B shapes, bf16, CTX (default 8192).
 
 The generation's wall per step (PlainDecoder through the real driver, as the bench runs it), then its decode graph
-with what the driver queues around it (input staging, the token's read-back, the step's mark) replayed in a loop
-two ways: `free`, the host queuing every iteration at once, and `paced`, the host waiting each iteration for the
-token it just asked for, as the driver does. Then profiles of the generation and of the free loop: the mean span
-of a decode graph on the device (its first kernel's start to its last kernel's end) and the mean gap between two
-graphs. A longer span says the graph itself runs slower there; a longer gap, that the work between graphs does.
+with what the driver queued around it before session 39 (input staging, the token's read-back, the step's mark)
+replayed in a loop two ways: `free`, the host queuing every iteration at once, and `paced`, the host waiting each
+iteration for the token it just asked for; `lean`, what it queues since (the replay, the mark, a side-stream read
+after the mark; its paced form waits on its own replay, so only its free form times a step). Then profiles of the
+generation and of the loops: the span of each decode graph on the device (its first kernel's start to its last
+kernel's end) and the gap between two graphs; `position sweep` replays the graph at each of the generation's
+positions in turn. A longer span says the graph itself runs slower there; a longer gap, that the work between graphs does.
 """
 
 import os
@@ -60,7 +62,8 @@ def main():
     tok = decode.out.verdict[1:2]
     start = session.length
 
-    def step():  # what PlainDecoder.step queues: the token's read-back, the next inputs, the replay, the mark
+    def step():  # what PlainDecoder.step queued before session 39: the token's read-back, the next inputs, the
+        # replay, the mark
         value = read_later(tok)
         graphs_module.stage_step(decode.ids, tok, decode.positions, start)
         decode.graph.replay()
@@ -73,8 +76,8 @@ def main():
     side = torch.cuda.Stream(dev)
     host = torch.empty(1, dtype=torch.long, pin_memory=True)
 
-    def lean():  # what a step would queue if the graph staged its own next inputs: the replay and the mark, and
-        # the read-back on a side stream after that mark
+    def lean():  # what PlainDecoder.step queues since session 39 (the graph feeds its own next inputs): the
+        # replay and the mark, and the read-back on a side stream after that mark
         decode.graph.replay()
         end = mark(dev)
         side.wait_event(end)

@@ -5,7 +5,9 @@ the wall time per step, as built and with the decode graph's device-side staging
 skipped, a bound on what that staging costs (the tokens are then wrong, and the context stops growing, so that
 bound includes less attention); and the same session's decode graph replayed alone, over the same window, then
 with what the driver queues around it added step by step (its input staging, the token's read-back for the host,
-the step's timing mark), without the host's waits.
+the step's timing mark), without the host's waits. Since session 39 a greedy decode graph stages its own next inputs
+and the driver queues only the replay and its mark (benchmarks/plain_gap.py's `lean` loop): the staging this
+script skips and adds back is then the driver's of before.
 """
 
 import os
