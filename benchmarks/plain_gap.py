@@ -18,13 +18,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.plain_overhead import NEW, walls  # noqa: E402
-from benchmarks.step_profile import prompt_and_sequence, replay_ms  # noqa: E402
+from benchmarks.step_profile import plain_session, replay_ms  # noqa: E402
 from benchmarks.step_timeline import groups  # noqa: E402
 from dflash_cli.engine import graphs as graphs_module  # noqa: E402
 from dflash_cli.engine.generation import PlainDecoder, Request, generate  # noqa: E402
 from dflash_cli.engine.sampling import SamplingParams  # noqa: E402
-from dflash_cli.engine.session import Session, mark, read_later  # noqa: E402
-from dflash_cli.synthetic import random_qwen3  # noqa: E402
+from dflash_cli.engine.session import mark, read_later  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "8192"))
 
@@ -50,10 +49,7 @@ def describe(name: str, prof, each: bool = False) -> None:
 
 
 def main():
-    torch.manual_seed(0)
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
-    prompt = prompt_and_sequence(NEW)[0]
-    session = Session(model, CTX + NEW + 64, "graphs")
+    session, prompt = plain_session(NEW, CTX)
     dev = session.device
     print(f"device {torch.cuda.get_device_name()}  ctx {CTX}  window {session.max_len}")
     w = walls(session, prompt)

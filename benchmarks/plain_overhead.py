@@ -16,12 +16,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.step_profile import CTX, prompt_and_sequence, replay_ms  # noqa: E402
+from benchmarks.step_profile import CTX, plain_session, replay_ms  # noqa: E402
 from dflash_cli.engine import graphs as graphs_module  # noqa: E402
 from dflash_cli.engine.generation import PlainDecoder, Request, generate  # noqa: E402
 from dflash_cli.engine.sampling import SamplingParams  # noqa: E402
 from dflash_cli.engine.session import Session, mark, read_later  # noqa: E402
-from dflash_cli.synthetic import random_qwen3  # noqa: E402
 
 NEW = 128
 
@@ -38,10 +37,7 @@ def walls(session: Session, prompt: list[int], runs: int = 5) -> list[float]:
 
 
 def main():
-    torch.manual_seed(0)
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
-    prompt = prompt_and_sequence(NEW)[0]
-    session = Session(model, CTX + NEW + 64, "graphs")
+    session, prompt = plain_session(NEW, CTX)
     print(f"device {torch.cuda.get_device_name()}  ctx {CTX}  window {session.max_len}")
     stage_step = graphs_module.stage_step
     try:

@@ -17,11 +17,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.plain_gap import spans_and_gaps  # noqa: E402
-from benchmarks.step_profile import prompt_and_sequence  # noqa: E402
+from benchmarks.step_profile import plain_session  # noqa: E402
 from dflash_cli.engine.generation import PlainDecoder, Request, generate  # noqa: E402
 from dflash_cli.engine.sampling import SamplingParams  # noqa: E402
-from dflash_cli.engine.session import Session  # noqa: E402
-from dflash_cli.synthetic import random_qwen3  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "8192"))
 NEW = 128
@@ -42,10 +40,7 @@ class Paused(PlainDecoder):
 
 
 def main():
-    torch.manual_seed(0)
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
-    prompt = prompt_and_sequence(NEW)[0]
-    session = Session(model, CTX + NEW + 64, "graphs")
+    session, prompt = plain_session(NEW, CTX)
     print(f"device {torch.cuda.get_device_name()}  ctx {CTX}")
 
     def run(pause: float):

@@ -100,10 +100,11 @@ def busy_us(prof) -> tuple[float, float, list[float]]:
     return busy, spans[-1][1] - spans[0][0], gaps
 
 
-def prompt_and_sequence(new: int) -> tuple[list[int], list[int]]:
-    """The CTX-token prompt of the step runs, and it followed by the continuation forced acceptance commits."""
+def prompt_and_sequence(new: int, ctx: int | None = None) -> tuple[list[int], list[int]]:
+    """The CTX-token (or ctx-token) prompt of the step runs, and it followed by the continuation forced acceptance
+    commits."""
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, 1000, (CTX,), generator=g).tolist()
+    prompt = torch.randint(0, 1000, (ctx or CTX,), generator=g).tolist()
     return prompt, prompt + torch.randint(0, 1000, (new + 64,), generator=g).tolist()
 
 
@@ -114,6 +115,17 @@ def forced_decoder(model, proposer, tau=6.0, new=128):
     draft_len = 7 if proposer.kind == "eagle3" else None
     return ForcedDecoder(ForcedAcceptance(proposer, prompt_and_sequence(new)[1], tau, model.cfg.vocab_size),
                          draft_len)
+
+
+def plain_session(new: int, ctx: int | None = None):
+    """(session, prompt) of the plain-generation scripts: the random Qwen3-4B-shaped target (bf16, seed 0) on CUDA,
+    a graphs session sized for the ctx-token (default CTX) prompt plus `new` tokens, and that prompt."""
+    from dflash_cli.engine.session import Session
+
+    torch.manual_seed(0)
+    ctx = ctx or CTX
+    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
+    return Session(model, ctx + new + 64, "graphs"), prompt_and_sequence(new, ctx)[0]
 
 
 def generation_runner(model, decoder, new=128):
