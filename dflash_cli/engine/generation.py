@@ -58,7 +58,8 @@ class PlainDecoder:
 
     def __init__(self, lookahead: bool | None = None):
         self.lookahead = lookahead  # None: on CUDA (on CPU the queued forward would just run first)
-        self._ahead = None  # (position, the sampled token as a device tensor) of a queued forward
+        # (position, the sampled token as a device tensor, whether it can be read in place) of a queued forward
+        self._ahead = None
         # On CUDA the previous step's end mark is this step's start: nothing is queued on the device between them,
         # and each event recorded between two graphs costs the stream a few µs (benchmarks/2026-11-25-h100/
         # session38/). (On CPU the marks are wall times, and the host's work between steps is not the step's.)

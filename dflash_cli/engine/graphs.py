@@ -68,31 +68,26 @@ def stage(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)
 
 
-def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int) -> None:
-    """stage(ids, src), then stage_positions(positions, start): one kernel where the Triton kernels run. Each small
-    kernel between two graphs costs the stream a few µs (benchmarks/2026-11-25-h100/session38/)."""
-    fits = (KERNEL_STAGING and ids.is_cuda and src.device == ids.device and src.dtype == ids.dtype == positions.dtype
-            == torch.long and src.dim() == 1 and ids.is_contiguous() and positions.is_contiguous())
-    if not (fits and ops.stage_step(ids, src, positions, start)):
-        stage(ids, src)
-        stage_positions(positions, start)
-
-
-def stage_block(ids: torch.Tensor, positions: torch.Tensor, head: torch.Tensor, offset: torch.Tensor, fill: int,
-                start: int) -> None:
-    """ids = [head, fill, fill, ...] and positions[:] = start + offset, start + offset + 1, ... (head, offset: long
-    device scalars, as a verdict's bonus and count): a block after a token and at a place the device chose, in one
-    kernel where the Triton kernels run (instead of a concatenation, three additions and two copies)."""
-    head, offset = head.reshape(1), offset.reshape(1)
-    fits = (KERNEL_STAGING and ids.is_cuda and head.device == offset.device == ids.device == positions.device
-            and ids.is_contiguous()
-            and positions.is_contiguous() and head.dtype == offset.dtype == ids.dtype == positions.dtype == torch.long)
-    if fits and ops.stage_step(ids, head, positions, start, offset, fill):
+def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int, offset=None,
+               fill: int = 0) -> None:
+    """ids[:len(src)] = src, the rest of ids = fill, and positions[:] = start (+ offset, a long device scalar such as
+    a verdict's count), start + 1, ...: one kernel where the Triton kernels run. Each small kernel between two graphs
+    costs the stream a few µs (benchmarks/2026-11-25-h100/session38/); a DFlash block ([bonus, masks...] after the
+    accepted drafts) took six before (session39/)."""
+    offset = offset.reshape(1) if offset is not None else None
+    fits = (KERNEL_STAGING and ids.is_cuda and src.device == ids.device == positions.device and src.dim() == 1
+            and src.dtype == ids.dtype == positions.dtype == torch.long and ids.is_contiguous()
+            and positions.is_contiguous()
+            and (offset is None or (offset.device == ids.device and offset.dtype == torch.long)))
+    if fits and ops.stage_step(ids, src, positions, start, offset, fill):
         return
-    ids[1:].fill_(fill)
-    stage(ids[:1], head)
+    s = src.shape[0]
+    stage(ids[:s], src)
+    if s < ids.shape[0]:
+        ids[s:].fill_(fill)
     stage_positions(positions, start)
-    positions.add_(offset)
+    if offset is not None:
+        positions.add_(offset)
 
 
 _rows: dict = {}  # device -> arange(MAX_ROWS) there
@@ -157,7 +152,7 @@ class Graphs:
 
     def __init__(self, fn, device, max_len: int, use_graphs: bool = True, feeds=None, fed=None):
         self.fn, self.device, self.max_len = fn, torch.device(device), max_len
-        self.feeds, self.fed = feeds, fed  # feeds(key) -> bool; fed: long [max_len + 1] on the device
+        self.feeds, self.fed = feeds, fed  # feeds(key) -> bool (None: no key does); fed: long [max_len + 1]
         self._fed = None  # (key, position) the last feeding step's buffers hold its token at
         self.requested = use_graphs  # the session path's choice, whatever the device (see drafters' reset)
         self.use_graphs = use_graphs and self.device.type == "cuda"
@@ -213,10 +208,7 @@ class Graphs:
         else:
             stage(step.ids, src[:n] if on_host else ids)
             stage(step.positions, src[n:] if on_host else src)
-        out = self._replay(step, key, built)
-        if self.feeds is not None and self.feeds(key):
-            self._fed = (key, start + 1) if positions is None else None
-        return out
+        return self._replay(step, key, built, start + 1 if positions is None else None)
 
     def staged(self, n: int, start: int, stage_inputs, *extra, end: int | None = None):
         """Run the step of `n` rows (at most MAX_ROWS) whose inputs `stage_inputs(ids, positions)` writes on the
@@ -230,11 +222,16 @@ class Graphs:
             stage_inputs(ids, positions)
             return self(ids, start, *extra, end=end, positions=positions)
         stage_inputs(step.ids, step.positions)
-        if self.feeds is not None and self.feeds(key):
-            self._fed = None
-        return self._replay(step, key, False)
+        return self._replay(step, key, False, None)
 
-    def _replay(self, step: _Captured, key, built: bool):
+    def _feeds(self, key) -> bool:
+        return self.feeds is not None and self.feeds(key)
+
+    def _replay(self, step: _Captured, key, built: bool, next_position: int | None):
+        """Replay (or run) the step; for a feeding one, remember where its buffers now stand (next_position: the
+        position after its row, None where the host does not know it)."""
+        if self._feeds(key):
+            self._fed = (key, next_position) if next_position is not None else None
         if step.graph is not None:
             step.graph.replay()
         else:
@@ -285,14 +282,16 @@ class Graphs:
         t0 = time.perf_counter()
         # Warm up on a side stream (lazy inits must not be captured), then capture. Both compute
         # with the real inputs, so the KV rows they write are the ones the replay writes again.
-        staged = (step.ids.clone(), step.positions.clone())  # a feeding step's run moves them on
+        feeds = self._feeds(key)
+        staged = (step.ids.clone(), step.positions.clone()) if feeds else None  # its run moves them on
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             self._run(step, key)
         torch.cuda.current_stream(dev).wait_stream(side)
-        step.ids.copy_(staged[0])
-        step.positions.copy_(staged[1])
+        if feeds:
+            step.ids.copy_(staged[0])
+            step.positions.copy_(staged[1])
         carveout.apply()  # one L1 / shared split for every kernel of the step, before the capture
         # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a
         # capture, its teardown would invalidate the capture. Collect first, and not during.

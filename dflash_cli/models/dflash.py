@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..engine import ops
-from ..engine.graphs import stage_block, upload
+from ..engine.graphs import stage_step, upload
 from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..errors import DflashError
@@ -220,7 +220,7 @@ class DFlashDrafter:
         mask = self.c.mask_token_id
 
         def block(ids, positions):  # [bonus, masks...] at start + accepted + 1, ...: one kernel
-            stage_block(ids, positions, bonus, accepted, mask, start + 1)
+            stage_step(ids, bonus.reshape(1), positions, start + 1, offset=accepted, fill=mask)
 
         # The block's last row lies at most at start + m + n_draft: the window is sized for that.
         return self.fast.staged(n_draft + 1, start, block, end=start + m + n_draft + 1)

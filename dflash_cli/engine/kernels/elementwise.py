@@ -251,7 +251,7 @@ def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, st
                fill: int = 0) -> None:
     """ids[:S] = src (S = its length), ids[S:] = fill, and positions[:] = start (+ offset[0], a device scalar, where
     given), start + 1, ... (int64 [N], ids and positions contiguous): a graph's device-side inputs in one launch
-    (engine/graphs.stage_step and stage_block)."""
+    (engine/graphs.stage_step)."""
     n = ids.shape[0]
     _stage_step_kernel[(1,)](ids, src, positions, positions if offset is None else offset, src.stride(0), start, n,
                              src.shape[0], fill, OFFSET=offset is not None, BLOCK=max(16, triton.next_power_of_2(n)),
