@@ -12,7 +12,20 @@ import triton
 import triton.language as tl
 
 from . import block_trace
+from ..switches import env_power_of_two
 from .pdl import launch_options, start as pdl_start
+
+# Warps of a q/k norm + RoPE program (one head vector of a row): one warp sums its squares without a block-wide
+# reduction. H100, Triton's default 4 warps -> 1 (benchmarks/2026-11-26-h100/session40/): graph replays, ms, verify
+# 16 rows 3.412/3.399 -> 3.384/3.381, at ctx 8192 3.935/3.914 -> 3.900/3.902, verify 8 rows at ctx 8192 3.766/3.758
+# -> 3.744/3.740, DFlash draft 0.702/0.700 -> 0.698/0.699, decode unchanged (knobs2.log; 2 warps in between); DFlash
+# steps as the bench runs them, median wall over 6 generations in three rounds, 4.203/4.256/4.251 -> 4.208/4.176/4.193
+# (rope_ab.log). DFLASH_ROPE_WARPS=4: as before.
+ROPE_WARPS = env_power_of_two("DFLASH_ROPE_WARPS", 1, 1, 16)
+
+
+def _rope_tuning() -> dict:
+    return {"num_warps": ROPE_WARPS}
 
 
 @triton.jit
@@ -167,7 +180,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
     _qk_norm_rope_kernel[grid](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
                                q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
                                0, 0, 0, 0, D=d, WRITE=False, **block_trace.args("rope", grid, q),
-                               **launch_options(q.device))
+                               **launch_options(q.device), **_rope_tuning())
     return q_out, k_out
 
 
@@ -184,7 +197,7 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_ca
                                v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                v.stride(0), v.stride(1), k_cache.stride(0), eps, 0, 0, 0, 0,
                                D=d, WRITE=True, **block_trace.args("rope", grid, q),
-                               **launch_options(q.device))
+                               **launch_options(q.device), **_rope_tuning())
     return q_out
 
 
@@ -200,7 +213,7 @@ def k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, p
         k, k, v, k_weights, k_weights, cos, sin, positions, k, k_cache, v_cache, 0, kv, 0, 0, k.stride(0),
         k.stride(2), v.stride(0), v.stride(2), k_cache.stride(1), eps, k.stride(1), v.stride(1), k_weights.stride(0),
         k_cache.stride(0), D=d, WRITE=True, **block_trace.args("rope", grid, k),
-        **launch_options(k.device))
+        **launch_options(k.device), **_rope_tuning())
 
 
 @triton.jit
