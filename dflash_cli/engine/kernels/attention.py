@@ -51,6 +51,14 @@ PROGRAMS = 512
 # DFLASH_SPAN_MIN_SPLIT=256 restores the fixed splits.
 SPAN_PROGRAMS = 128
 SPAN_MIN_SPLIT = env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, BLOCK_S, SPLIT)
+# Key blocks of a span of up to 32 query rows a KV head that the RoPE kernel feeds (EAGLE-3's verify past
+# FRESH_SPAN_WINDOW): 32 keys, so that two of its programs fit an SM's 100 KB of shared memory (carveout.CARVEOUT),
+# about 42 KB each at three stages, where a 64-key block's took about 76. H100 graph replays, two rounds
+# (benchmarks/2026-11-26-h100/session40/span_blocks.log), ms, 64 -> 32 keys: verify 8 rows at ctx 8192
+# 3.750/3.739 -> 3.637/3.635, at ctx 4096 3.538/3.531 -> 3.520/3.523, the rest unchanged; bench EAGLE-3 at ctx 8192
+# 1067.5 -> 1086.7 tok/s, at ctx 4096 1094.3 -> 1127.6. Fresh spans (shorter windows) lose with 32-key blocks (verify
+# 8 rows at ctx 1024 3.272 -> 3.433, session40/knobs2.log). DFLASH_SPAN_BLOCK_S=64: as before.
+SPAN_BLOCK_S = env_power_of_two("DFLASH_SPAN_BLOCK_S", 32, 16, BLOCK_S)
 # One warp per merge program: its split reductions stay inside the warp. H100, split + merge per launch
 # (benchmarks/merge_warps.py): 16 rows over 1100 keys 9.00 us with 1 warp vs 10.12 with 4; 1 row over 8300
 # keys 22.43 vs 23.16.
@@ -398,6 +406,7 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     few = block_r <= 16
     least, programs = (BLOCK_S, PROGRAMS) if few else (SPAN_MIN_SPLIT, SPAN_PROGRAMS)
     split = min(SPLIT, max(least, triton.next_power_of_2(triton.cdiv(s * kv * blocks, programs))))
+    block_s = SPAN_BLOCK_S if not few and block_r <= 32 and fresh is None else BLOCK_S
     nsplit = triton.cdiv(s, split)
     tuning = {**tuning, **_split_tuning(split, block_r)}
     rows = block_r * blocks
@@ -421,7 +430,7 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                         kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
-                        sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=BLOCK_S, SPLIT=split,
+                        sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=block_s, SPLIT=split,
                         FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows, EARLY=early,
                         warm_ptr=warm[0] if warm else k, warm_bytes=warm[1] if warm else 0, WARM=warm is not None,
                         WARM_STEPS=warm_steps, WARM_THREADS=threads,
