@@ -24,10 +24,6 @@ from .pdl import launch_options, start as pdl_start
 ROPE_WARPS = env_power_of_two("DFLASH_ROPE_WARPS", 1, 1, 16)
 
 
-def _rope_tuning() -> dict:
-    return {"num_warps": ROPE_WARPS}
-
-
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, B, stride_a, stride_b, D: tl.constexpr, BLOCK: tl.constexpr,
                      eps, PDL: tl.constexpr):
@@ -180,7 +176,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
     _qk_norm_rope_kernel[grid](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
                                q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
                                0, 0, 0, 0, D=d, WRITE=False, **block_trace.args("rope", grid, q),
-                               **launch_options(q.device), **_rope_tuning())
+                               **launch_options(q.device), num_warps=ROPE_WARPS)
     return q_out, k_out
 
 
@@ -197,7 +193,7 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_ca
                                v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                v.stride(0), v.stride(1), k_cache.stride(0), eps, 0, 0, 0, 0,
                                D=d, WRITE=True, **block_trace.args("rope", grid, q),
-                               **launch_options(q.device), **_rope_tuning())
+                               **launch_options(q.device), num_warps=ROPE_WARPS)
     return q_out
 
 
@@ -213,7 +209,7 @@ def k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, p
         k, k, v, k_weights, k_weights, cos, sin, positions, k, k_cache, v_cache, 0, kv, 0, 0, k.stride(0),
         k.stride(2), v.stride(0), v.stride(2), k_cache.stride(1), eps, k.stride(1), v.stride(1), k_weights.stride(0),
         k_cache.stride(0), D=d, WRITE=True, **block_trace.args("rope", grid, k),
-        **launch_options(k.device), **_rope_tuning())
+        **launch_options(k.device), num_warps=ROPE_WARPS)
 
 
 @triton.jit
