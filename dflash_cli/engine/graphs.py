@@ -326,10 +326,6 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     its next replay (Graphs.fed_token): a greedy plain step then stages nothing (on the H100 the staging kernel
     and the token's copy for the host cost a decode step about 6 us)."""
 
-    # A one-token step with no captured states runs as the model's persistent kernel where it has one (built on
-    # first use: the first capture pays its compile). It reads the cache up to the position, whatever the window.
-    decode = []
-
     fed = torch.zeros(cache.max_len + 1, dtype=torch.long, device=model.device)
 
     def feeds(key) -> bool:
@@ -337,12 +333,6 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
 
     def fn(ids, positions, window, capture, all_logits, accept=False):
         feed = (positions, fed) if accept and len(ids) == 1 else None
-        if len(ids) == 1 and not capture:
-            if not decode:
-                make = getattr(model, "decode_kernel", None)
-                decode.append(make(cache) if make is not None else None)
-            if decode[0] is not None:
-                return with_verdict(decode[0](ids, positions), ids, accept, feed)
         out = model.forward_static(ids, positions, cache, window, capture, all_logits)
         return with_verdict(out, ids, accept, feed)
 

@@ -10,7 +10,6 @@ from typing import Sequence
 import torch
 
 from ..engine import ops
-from ..engine.kernels import megakernel
 from ..engine.kv_cache import KVCache
 from ..engine.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
@@ -83,17 +82,6 @@ class Qwen3Model:
         self._ensure_rope(max_len)
         c = self.cfg
         return KVCache.allocate(c.num_hidden_layers, max_len, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
-
-    def decode_kernel(self, cache: KVCache):
-        """The whole one-token step over `cache` as one persistent kernel (engine/kernels/megakernel.py):
-        callable(ids, positions) -> ForwardOut with the logits and no captured states; None where it cannot run
-        (off unless DFLASH_MEGAKERNEL=1; off Hopper or other shapes: `megakernel.decode_step` says why)."""
-        if not megakernel.ENABLED:
-            return None
-        step = megakernel.decode_step(self, cache)
-        if isinstance(step, str):
-            return None
-        return lambda ids, positions: ForwardOut(logits=step(ids, positions), hidden=None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return ops.logits(ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps), self.lm_head)
