@@ -106,10 +106,10 @@ def test_timed_runs_reuse_the_warm_up_decoders_and_graphs(registry, tmp_path, mo
     """2 prompts × 2 repeats: one decoder (one drafter load, one set of graphs) per mode, and the
     warm-up covers every prompt, so no graph shape is first met inside a timed run. The second
     prompt ends past the first's 256-row attention window: a prompt-0-only warm-up would miss it."""
-    import dflash_cli.drafters as drafters
+    import dflash_cli.runtime.drafters as drafters
     from dflash_cli.bench import run as bench_run
-    from dflash_cli.engine import graphs as graphs_mod
-    from dflash_cli.engine.session import Session
+    from dflash_cli.runtime import graphs as graphs_mod
+    from dflash_cli.runtime.session import Session
 
     made, loads, graphs_built = [], [], []
     real_make = drafters.make_decoder

@@ -11,10 +11,10 @@ from rich.console import Console
 from dflash_cli.commands import chat as chat_cmd
 from dflash_cli.commands.chat import ChatOptions, ChatRepl
 from dflash_cli.conversation import Conversation
-from dflash_cli.engine.generation import PlainDecoder, Request, Step, generate
-from dflash_cli.engine.sampling import SamplingParams
-from dflash_cli.engine.session import Session
-from dflash_cli.loading.bundle import open_bundle
+from dflash_cli.runtime.generation import PlainDecoder, Request, Step, generate
+from dflash_cli.runtime.sampling import SamplingParams
+from dflash_cli.runtime.session import Session
+from dflash_cli.runtime.bundle import open_bundle
 from dflash_cli.registry import Registry
 from dflash_cli.ui.stream import StreamView
 

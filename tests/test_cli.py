@@ -209,9 +209,9 @@ def test_models_lists_the_registry(cli, empty_hub_cache):
 
 def test_empty_prompt_with_nothing_pending_is_a_clear_error(tiny_model):
     """The engine refuses an empty prompt (the CLI rejects it earlier: `-p "" --raw` above)."""
-    from dflash_cli.engine.generation import PlainDecoder, Request, generate
-    from dflash_cli.engine.sampling import SamplingParams
-    from dflash_cli.engine.session import Session
+    from dflash_cli.runtime.generation import PlainDecoder, Request, generate
+    from dflash_cli.runtime.sampling import SamplingParams
+    from dflash_cli.runtime.session import Session
     from dflash_cli.errors import DflashError
 
     session = Session(Qwen3Model.load(tiny_model), 64)

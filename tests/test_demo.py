@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
-from dflash_cli.engine.generation import Request, generate
-from dflash_cli.engine.proposers.dflash import DFlashProposer
-from dflash_cli.engine.sampling import SamplingParams
-from dflash_cli.engine.session import Session
-from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.runtime.generation import Request, generate
+from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.sampling import SamplingParams
+from dflash_cli.runtime.session import Session
+from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.loading.tokenizer import ChatTokenizer
 from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.qwen3 import Qwen3Model

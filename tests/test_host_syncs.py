@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
-from dflash_cli.engine import session as session_module
-from dflash_cli.engine.generation import PlainDecoder, Request, generate
-from dflash_cli.engine.proposers.dflash import DFlashProposer
-from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
-from dflash_cli.engine.sampling import SamplingParams
-from dflash_cli.engine.session import Session
-from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.runtime import session as session_module
+from dflash_cli.runtime.generation import PlainDecoder, Request, generate
+from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+from dflash_cli.runtime.sampling import SamplingParams
+from dflash_cli.runtime.session import Session
+from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
@@ -122,7 +122,7 @@ def test_the_counter_sees_each_kind_of_sync(monkeypatch, models):
     counter.active = True
     t.tolist(), t.item(), int(t), float(t), bool(t), [0, 1, 2, 3][t], t.cpu(), t.numpy()
     session_module.now(t.device)
-    from dflash_cli.engine import generation
+    from dflash_cli.runtime import generation
 
     generation.now(t.device)
     assert counter.calls == [*READS, "now", "now"]

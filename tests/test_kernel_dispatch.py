@@ -7,7 +7,8 @@ checked in test_kernels_interpret.py and on the GPU.
 import pytest
 import torch
 
-from dflash_cli.engine import ops, switches
+from dflash_cli import tuning as switches
+from dflash_cli.layers import ops
 
 
 class FakeKernels:
@@ -59,7 +60,7 @@ def test_qk_norm_rope_needs_unit_stride_keys(fake):
 
 def test_window_attention_kernel_needs_unit_stride_values(monkeypatch):
     pytest.importorskip("triton")
-    from dflash_cli.engine.kernels import attention as kernel
+    from dflash_cli.kernels import attention as kernel
 
     q, k = torch.randn(1, 4, 64), torch.randn(300, 2, 64)
     v = torch.randn(300, 2, 64)
@@ -86,7 +87,7 @@ def test_fresh_attention_takes_decode_rows_and_short_spans(tokens, heads, kv, fr
     32 whose tokens fill 16-row blocks (a group of 3 heads does not) over windows of up to 2048 keys; longer spans
     and longer windows keep the RoPE kernel."""
     pytest.importorskip("triton")
-    from dflash_cli.engine.kernels import attention as kernel
+    from dflash_cli.kernels import attention as kernel
 
     q, cache = torch.randn(tokens, heads, 128), torch.randn(8192, kv, 128)
     assert kernel.supports_fresh(q, cache, 2048) == fresh
@@ -115,8 +116,8 @@ def test_qkv_warms_the_layer_keys_over_long_windows(monkeypatch):
     """After the qkv product the GPU warms the o projection's rows, or over a window longer than KV_WARM_WINDOW
     the first rows of the layer's cached keys and values (each half of the budget); eager spans, which have no
     window, keep o."""
-    from dflash_cli.engine.kv_cache import KVCache
-    from dflash_cli.engine.spans import Span, StaticSpan
+    from dflash_cli.layers.kv_cache import KVCache
+    from dflash_cli.layers.spans import Span, StaticSpan
     from dflash_cli.models import decoder
 
     monkeypatch.setattr(ops, "_WARM_BYTES", 4 << 20)  # the default, whatever DFLASH_L2_WARM_MB says
@@ -141,7 +142,7 @@ def test_the_split_warms_o_where_qkv_did_not(monkeypatch):
     over windows where the qkv product warmed the keys instead (read_after_qkv)."""
     from types import SimpleNamespace
 
-    from dflash_cli.engine.kv_cache import KVCache
+    from dflash_cli.layers.kv_cache import KVCache
     from dflash_cli.models import decoder
 
     o = torch.zeros(64, 32, dtype=torch.bfloat16)  # 4096 bytes
@@ -208,7 +209,7 @@ def test_linear_norm_and_residual_are_the_composition_off_the_gpu(dtype):
 def test_block_trace_is_off_unless_asked(monkeypatch):
     # Off (the default), a traced launch gets no buffer and the kernels compile without the trace; on, each launch
     # keeps a buffer of its own, one record per block, in launch order.
-    from dflash_cli.engine.kernels import block_trace
+    from dflash_cli.kernels import block_trace
 
     like = torch.zeros(3)
     monkeypatch.setattr(block_trace, "ON", False)
@@ -227,7 +228,7 @@ def test_block_trace_is_off_unless_asked(monkeypatch):
 def test_decode_splits_of_several_key_blocks_pipeline_two_stages(monkeypatch):
     """Two programs of a long decode split must fit an SM within the step's carveout; spans keep Triton's stages."""
     pytest.importorskip("triton")
-    from dflash_cli.engine.kernels import attention as kernel
+    from dflash_cli.kernels import attention as kernel
 
     for name, value in (("SPLIT_STAGES", None), ("SPLIT_WARPS", None), ("TWO_STAGE_ROWS", 16)):
         monkeypatch.setattr(kernel, name, value)
@@ -240,7 +241,7 @@ def test_decode_splits_of_several_key_blocks_pipeline_two_stages(monkeypatch):
 
 
 def test_carveout_is_a_percentage_or_the_drivers_choice(monkeypatch):
-    from dflash_cli.engine.kernels import carveout
+    from dflash_cli.kernels import carveout
     from dflash_cli.errors import DflashError
 
     assert carveout.percentage(43) == 43 and carveout.percentage(-1) == -1 and carveout.percentage(0) == 0

@@ -16,9 +16,9 @@ pytest.importorskip("triton")
 
 CHECK = textwrap.dedent("""
     import torch
-    from dflash_cli.engine import ops
-    from dflash_cli.engine.kernels import elementwise as k
-    from dflash_cli.engine.kernels.skinny_gemm import skinny_linear
+    from dflash_cli.layers import ops
+    from dflash_cli.kernels import elementwise as k
+    from dflash_cli.kernels.skinny_gemm import skinny_linear
     torch.manual_seed(0)
     def rel(a, b):
         return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
@@ -67,7 +67,7 @@ CHECK = textwrap.dedent("""
         assert rel(kcl, kcl_ref) <= tol and torch.equal(vcl, vcl_ref) and kcl[:, 8:].abs().sum() == 0
         assert rel(kcl[1, 5:8], ops.apply_rope(ops.rms_norm(kvl[:, 1, 0], wl[1], 1e-6), c, s)) <= tol
         hh, delta = torch.randn(3, 96).to(dt), torch.randn(3, 96).to(dt)
-        from dflash_cli.engine.kernels import greedy
+        from dflash_cli.kernels import greedy
         greedy.CHUNK = 64  # several chunks per row
         lg = torch.randn(5, 300).to(dt)
         lg[1, 10] = lg[1, 200] = lg[1].max() + 1  # a tie across chunks: the first index
@@ -99,7 +99,7 @@ CHECK = textwrap.dedent("""
         a, b = torch.randn(3, 512).to(dt), torch.randn(40, 512).to(dt)
         wide = skinny_linear(a, b, out_dtype=torch.float32)  # logits: rounded to dt, stored as float32
         assert wide.dtype == torch.float32 and torch.equal(wide, skinny_linear(a, b).float())
-        from dflash_cli.engine.kernels import attention
+        from dflash_cli.kernels import attention
         cases = ((1, 4, 2, 16, 300, [200]), (3, 8, 2, 16, 260, [0, 258, 259]), (1, 4, 2, 16, 1024, [300]),
                  (4, 4, 2, 16, 300, ("block", 250)),  # non-causal: every row sees up to one key, a broadcast limit
                  (1, 4, 2, 64, 4096, [3000]),  # 64 splits: the merge shares a row's dims over programs
@@ -154,8 +154,8 @@ CHECK = textwrap.dedent("""
         # A prefill's many rows (the flash-form kernel): padding rows first, at positions after the prompt's; rows
         # in one block (40) or several (130, one partly filled); a prompt starting at 0 or after earlier rows; a
         # window not a multiple of the key block, its last key seen (the cache's end).
-        from dflash_cli.engine.graphs import padded_prefill
-        from dflash_cli.engine.kernels import prefill_attention
+        from dflash_cli.runtime.graphs import padded_prefill
+        from dflash_cli.kernels import prefill_attention
         prefill_attention._shared_memory = lambda device: 0
         for t, s, start, pad in ((40, 200, 100, 7), (130, 320, 0, 2), (130, 320, 150, 0), (70, 300, 230, 5)):
             qq, kk_, vv = torch.randn(t, 4, 64).to(dt), torch.randn(s, 2, 64).to(dt), torch.randn(s, 2, 64).to(dt)

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from dflash_cli.errors import DflashError
-from dflash_cli.loading.bundle import pick_device, pick_dtype
+from dflash_cli.runtime.bundle import pick_device, pick_dtype
 from dflash_cli.models.qwen3 import Qwen3Model
 from tiny import make_qwen3, save_sharded
 

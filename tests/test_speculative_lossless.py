@@ -17,12 +17,12 @@ import random
 import pytest
 import torch
 
-from dflash_cli.engine.generation import PlainDecoder, Request, Result, generate
-from dflash_cli.engine.proposers.dflash import DFlashProposer
-from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
-from dflash_cli.engine.sampling import SamplingParams
-from dflash_cli.engine.session import Session
-from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.runtime.generation import PlainDecoder, Request, Result, generate
+from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+from dflash_cli.runtime.sampling import SamplingParams
+from dflash_cli.runtime.session import Session
+from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model

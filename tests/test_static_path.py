@@ -5,14 +5,14 @@ import json
 import pytest
 import torch
 
-from dflash_cli.engine.generation import PlainDecoder, Request, generate
-from dflash_cli.engine import graphs
-from dflash_cli.engine.graphs import padded_prefill, prefill_rows, window_for
-from dflash_cli.engine.proposers.dflash import DFlashProposer
-from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
-from dflash_cli.engine.sampling import SamplingParams
-from dflash_cli.engine.session import Session
-from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.runtime.generation import PlainDecoder, Request, generate
+from dflash_cli.runtime import graphs
+from dflash_cli.runtime.graphs import padded_prefill, prefill_rows, window_for
+from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+from dflash_cli.runtime.sampling import SamplingParams
+from dflash_cli.runtime.session import Session
+from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
@@ -116,7 +116,7 @@ def test_generation_is_identical_on_the_static_path(models, kind):
 def test_stacked_context_projection_matches_per_layer(models):
     """The drafter's per-step context update (one product over every layer's k/v weights) writes the same
     cache rows as the per-layer path that prompts and training use."""
-    from dflash_cli.engine.spans import Span, StaticSpan
+    from dflash_cli.layers.spans import Span, StaticSpan
 
     _, dflash, _ = models
     hidden = torch.randn(7, len(dflash.capture) * dflash.cfg.hidden_size)
@@ -294,7 +294,7 @@ def test_folded_dflash_drafter_drafts_as_the_unfolded_one(tmp_path, monkeypatch,
     (the context skips the layers' input norm): its context rows and drafts are the unfolded drafter's, up to
     rounding, on the eager and the device-position paths, with the norms in their own kernels or inside the
     products (`fused`, what the GPU runs)."""
-    from dflash_cli.engine import ops
+    from dflash_cli.layers import ops
 
     target_dir = make_qwen3(tmp_path / "t", seed=31, num_hidden_layers=4)
     cfg = json.loads((target_dir / "config.json").read_text())
@@ -322,7 +322,7 @@ def test_norms_inside_the_products_compute_the_kernel_path(tmp_path, monkeypatch
     """A folded model's layers with the norms and residual adds inside the products (what the GPU runs: every one
     of them from 9 rows, those of qkv and down only below that) compute what the add + norm kernels compute. On the
     CPU a product's norm and residual are their composition, so the logits are equal bit for bit."""
-    from dflash_cli.engine import ops
+    from dflash_cli.layers import ops
     from dflash_cli.models.decoder import fold_norms
 
     model = Qwen3Model.load(make_qwen3(tmp_path / "t", seed=22, num_hidden_layers=3))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_cli.engine.spans import Span
+from dflash_cli.layers.spans import Span
 from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model

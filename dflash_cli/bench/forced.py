@@ -18,9 +18,9 @@ import random
 
 import torch
 
-from ..engine import ops
-from ..engine.graphs import upload
-from ..engine.speculative import SpeculativeDecoder
+from ..layers import ops
+from ..runtime.graphs import upload
+from ..runtime.speculative import SpeculativeDecoder
 
 
 class ForcedAcceptance:

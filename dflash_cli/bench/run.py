@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from ..engine.generation import PlainDecoder, Request, Result, generate
-from ..engine.graphs import Totals
-from ..engine.sampling import SamplingParams
-from ..engine.session import Session
+from ..runtime.generation import PlainDecoder, Request, Result, generate
+from ..runtime.graphs import Totals
+from ..runtime.sampling import SamplingParams
+from ..runtime.session import Session
 from ..errors import DflashError
 from .forced import ForcedAcceptance, ForcedDecoder
 
@@ -77,7 +77,7 @@ class ModeRun:
     shapes_timed: int = 0  # graph keys first used during timed runs (captures on the graphs path)
 
     def summary(self) -> dict:
-        from ..engine.stats import step_stats
+        from ..runtime.stats import step_stats
 
         rs = self.results
         tokens = sum(max(len(r.tokens) - 1, 0) for r in rs)
@@ -106,7 +106,7 @@ class BenchTarget:
     """What a bench runs on: a real checkpoint (tokenized prompts) or a synthetic one (random ids)."""
 
     def __init__(self, o: BenchOptions):
-        from ..loading.bundle import open_bundle, pick_device, pick_dtype
+        from ..runtime.bundle import open_bundle, pick_device, pick_dtype
         from ..registry import Registry
 
         self.o = o
@@ -156,12 +156,12 @@ class BenchTarget:
         if mode == "none":
             return PlainDecoder()
         if not self.o.synthetic:
-            from ..drafters import make_decoder
+            from ..runtime.drafters import make_decoder
 
             return make_decoder(self.bundle, mode, self.o.draft_len)
-        from ..engine.speculative import SpeculativeDecoder
+        from ..runtime.speculative import SpeculativeDecoder
         from ..synthetic import random_drafter
-        from ..drafters import LOADERS
+        from ..runtime.drafters import LOADERS
 
         if mode not in LOADERS:
             raise DflashError(f"--synthetic takes drafter kinds (dflash, eagle3), not '{mode}'")
@@ -174,10 +174,10 @@ class BenchTarget:
 
 def _proposer(kind: str, drafter):
     if kind == "dflash":
-        from ..engine.proposers.dflash import DFlashProposer
+        from ..runtime.drafters.dflash import DFlashProposer
 
         return DFlashProposer(drafter)
-    from ..engine.proposers.eagle3 import Eagle3Proposer
+    from ..runtime.drafters.eagle3 import Eagle3Proposer
 
     return Eagle3Proposer(drafter)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..engine.sampling import SamplingParams
+from ..runtime.sampling import SamplingParams
 from ..errors import DflashError
-from ..loading.bundle import Bundle
+from ..runtime.bundle import Bundle
 
 DEFAULT_MAX_TOKENS = 512
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..drafters import make_decoder
-from ..engine.generation import Request, generate
-from ..engine.session import Session
+from ..runtime.drafters import make_decoder
+from ..runtime.generation import Request, generate
+from ..runtime.session import Session
 from ..errors import DflashError
-from ..loading.bundle import open_bundle
+from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView
 from .common import DEFAULT_MAX_TOKENS, read_prompt, sampling_params

@@ -23,7 +23,7 @@ class TrainOptions:
 
 
 def run_train(o: TrainOptions, console: Console) -> dict:
-    from ..loading.bundle import pick_device
+    from ..runtime.bundle import pick_device
     from ..training import corpus, pipeline, presets
 
     preset = presets.get(o.preset)

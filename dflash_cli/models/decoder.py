@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine import ops
-from ..engine.switches import env_number
+from ..layers import ops
+from ..tuning import env_number
 from ..loading.config import Qwen3Config
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ..engine import ops
-from ..engine.graphs import stage_step, upload
-from ..engine.kv_cache import KVCache
-from ..engine.spans import Span, StaticSpan
+from ..layers import ops
+from ..runtime.graphs import stage_step, upload
+from ..layers.kv_cache import KVCache
+from ..layers.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
@@ -141,7 +141,7 @@ class DFlashDrafter:
         """(Re)allocate the context cache for a session of `max_len` positions.
 
         The block's own rows are written past the context, so the cache holds one block more.
-        path "graphs"/"static": the draft forward runs on device-held positions (see engine/graphs.py).
+        path "graphs"/"static": the draft forward runs on device-held positions (see runtime/graphs.py).
         """
         m = self.cfg
         rows = max_len + self.block_size
@@ -153,7 +153,7 @@ class DFlashDrafter:
         use = path == "graphs"
         # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
         if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
-            from ..engine.graphs import Graphs
+            from ..runtime.graphs import Graphs
 
             def fn(ids, positions, window):
                 span = StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False)

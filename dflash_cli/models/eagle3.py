@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ..engine import ops
-from ..engine.graphs import MAX_ROWS, host_ids, upload, window_for
-from ..engine.kv_cache import KVCache
-from ..engine.spans import Span, StaticSpan
+from ..layers import ops
+from ..runtime.graphs import MAX_ROWS, host_ids, upload, window_for
+from ..layers.kv_cache import KVCache
+from ..layers.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
@@ -170,7 +170,7 @@ class Eagle3Drafter:
         use = path == "graphs"
         # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
         if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
-            from ..engine.graphs import Graphs
+            from ..runtime.graphs import Graphs
 
             self.graphs = (Graphs(self._greedy_chain, self.device, self.cache.max_len, use_graphs=use),
                            Graphs(self._absorb_rows, self.device, self.cache.max_len, use_graphs=use))

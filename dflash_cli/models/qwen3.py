@@ -9,9 +9,9 @@ from typing import Sequence
 
 import torch
 
-from ..engine import ops
-from ..engine.kv_cache import KVCache
-from ..engine.spans import Span, StaticSpan
+from ..layers import ops
+from ..layers.kv_cache import KVCache
+from ..layers.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
 from ..loading.weights import load_tensors
 from .decoder import DecoderLayer, fold_norms, layer_shapes, run_layers
@@ -49,7 +49,7 @@ class Qwen3Model:
         self.lm_head = self.embed if cfg.tie_word_embeddings else tensors.pop("lm_head.weight")
         self.scale = cfg.head_dim**-0.5
         self._rope_len = 0
-        self._graphs: weakref.WeakSet = weakref.WeakSet()  # sessions' target graphs (engine/graphs.py)
+        self._graphs: weakref.WeakSet = weakref.WeakSet()  # sessions' target graphs (runtime/graphs.py)
         self._ensure_rope(min(cfg.max_position_embeddings, 4096))
 
     @classmethod

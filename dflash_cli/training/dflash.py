@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..engine import ops
+from ..layers import ops
 from ..models.dflash import DFlashConfig, DFlashDrafter, checkpoint_shapes
 from .params import dflash_tensors, init_tensors, layer_trainable, make_trainable, save
 from .presets import Preset

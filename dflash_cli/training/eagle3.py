@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..engine import ops
+from ..layers import ops
 from ..models.eagle3 import Eagle3Config, Eagle3Drafter
 from .params import eagle3_tensors, init_tensors, make_trainable, save
 from .presets import Preset

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from ..engine.generation import PlainDecoder, Request, generate
-from ..engine.sampling import SamplingParams
-from ..engine.session import Session
-from ..engine.speculative import SpeculativeDecoder
+from ..runtime.generation import PlainDecoder, Request, generate
+from ..runtime.sampling import SamplingParams
+from ..runtime.session import Session
+from ..runtime.speculative import SpeculativeDecoder
 from .presets import Preset
 
 EVAL_PROMPT = 64  # tokens of held-out text each evaluation prompt holds
@@ -25,7 +25,7 @@ def held_out_prompts(held: torch.Tensor, n: int, length: int) -> list[list[int]]
 
 def evaluate(out: Path, target, eos: int, held: torch.Tensor, p: Preset, note) -> dict:
     """`target`: the model as loaded from out/target; drafters are loaded from out/dflash, out/eagle3."""
-    from ..drafters import LOADERS
+    from ..runtime.drafters import LOADERS
 
     prompts = held_out_prompts(held, p.eval_prompts, EVAL_PROMPT)
     params = SamplingParams(temperature=0.0)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..engine import ops
+from ..layers import ops
 from ..errors import DflashError
 from . import bpe, corpus, distill, presets
 from . import dflash as dflash_stage

@@ -9,7 +9,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from ..engine.stats import acceptance_stats
+from ..runtime.stats import acceptance_stats
 from ..loading.tokenizer import StreamDecoder
 
 DRAFT_STYLE = "cyan"

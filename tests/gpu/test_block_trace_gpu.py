@@ -12,10 +12,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 # Run in a process of its own: the switch is read at import and the GEMM is built with -DTRACE=1.
 SCRIPT = r"""
 import torch
-from dflash_cli.engine import ops
-from dflash_cli.engine.kernels import block_trace, cuda_gemm
-from dflash_cli.engine.kernels.elementwise import add_rms_norm
-from dflash_cli.engine.kernels.attention import attention_window
+from dflash_cli.layers import ops
+from dflash_cli.kernels import block_trace, cuda_gemm
+from dflash_cli.kernels.elementwise import add_rms_norm
+from dflash_cli.kernels.attention import attention_window
 
 assert block_trace.ON
 torch.manual_seed(0)
@@ -58,7 +58,7 @@ print("traced", kinds)
 
 
 def test_traced_kernels_record_every_block():
-    from dflash_cli.engine.kernels import cuda_gemm
+    from dflash_cli.kernels import cuda_gemm
 
     if not cuda_gemm.available(torch.device("cuda")):
         pytest.skip("the CUDA GEMM is not available here (nvcc or the GPU)")

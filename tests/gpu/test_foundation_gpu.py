@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from dflash_cli.engine.generation import PlainDecoder, Request, generate
-from dflash_cli.engine.sampling import SamplingParams
-from dflash_cli.engine.session import Session
+from dflash_cli.runtime.generation import PlainDecoder, Request, generate
+from dflash_cli.runtime.sampling import SamplingParams
+from dflash_cli.runtime.session import Session
 from dflash_cli.models.qwen3 import Qwen3Model, checkpoint_shapes
 from dflash_cli.synthetic import qwen3_config, random_tensors
 

@@ -8,12 +8,12 @@ import time
 import pytest
 import torch
 
-from dflash_cli.engine.generation import PlainDecoder, Request, generate
-from dflash_cli.engine.proposers.dflash import DFlashProposer
-from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
-from dflash_cli.engine.sampling import SamplingParams
-from dflash_cli.engine.session import Session
-from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.runtime.generation import PlainDecoder, Request, generate
+from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+from dflash_cli.runtime.sampling import SamplingParams
+from dflash_cli.runtime.session import Session
+from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.synthetic import random_drafter, random_qwen3
 
 from test_foundation_gpu import report
@@ -139,7 +139,7 @@ def test_folded_dflash_drafter_matches_unfolded_bf16(monkeypatch):
     """The DFlash drafter as loaded on the GPU (norm weights folded into its products, hidden_norm into the stacked
     context k/v product; its norms then run inside the products) against the same drafter unfolded: the same context
     keys and values and draft logits up to bf16 rounding, on graphs, for a 16-row block and a 2-row one."""
-    from dflash_cli.engine import ops
+    from dflash_cli.layers import ops
 
     target = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
     folded = random_drafter("qwen3-4b", "dflash", target)

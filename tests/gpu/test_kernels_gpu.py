@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from dflash_cli.engine import ops
-from dflash_cli.engine.graphs import padded_prefill
+from dflash_cli.layers import ops
+from dflash_cli.runtime.graphs import padded_prefill
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -14,7 +14,7 @@ def rel(a, b):
 
 
 def test_fused_kernels_match_reference_bf16():
-    from dflash_cli.engine.kernels import elementwise as k
+    from dflash_cli.kernels import elementwise as k
 
     torch.manual_seed(0)
     bf = torch.bfloat16
@@ -64,7 +64,7 @@ def test_fused_kernels_match_reference_bf16():
     (1, 1024, 724, True), (1, 16384, 8300, True), (1, 2048, 1100, True), (16, 1024, 739, True),
     (16, 2048, 1100, True), (16, 2048, 1100, False), (16, 8192, 7907, False)])
 def test_window_attention_matches_reference_bf16(t, window, last, causal):
-    from dflash_cli.engine.kernels.attention import attention_window
+    from dflash_cli.kernels.attention import attention_window
 
     torch.manual_seed(1)
     bf = torch.bfloat16
@@ -82,7 +82,7 @@ def test_window_attention_matches_reference_bf16(t, window, last, causal):
                                                (256, 8192, 7000, 0)])
 def test_prefill_attention_matches_reference_bf16(t, window, start, pad):
     """A padded prefill's rows (the padding first, at positions after the prompt's) at Qwen3-4B head shapes."""
-    from dflash_cli.engine.kernels.prefill_attention import attention_window
+    from dflash_cli.kernels.prefill_attention import attention_window
 
     torch.manual_seed(3)
     bf = torch.bfloat16
@@ -102,8 +102,8 @@ def test_prefill_attention_matches_reference_bf16(t, window, start, pad):
 def test_fresh_attention_matches_unfused_bf16(t, window, pos0, causal, block, monkeypatch):
     """The split kernel's own q/k norm, RoPE and cache write (a step's rows, in row blocks of 16 or 32) against
     the RoPE kernel then attention_window, and both against the fp32 reference."""
-    from dflash_cli.engine.kernels import attention
-    from dflash_cli.engine.kernels import elementwise as k
+    from dflash_cli.kernels import attention
+    from dflash_cli.kernels import elementwise as k
 
     monkeypatch.setattr(attention, "FRESH_BLOCK", block)
     torch.manual_seed(2)
@@ -133,8 +133,8 @@ def test_fresh_attention_matches_unfused_bf16(t, window, pos0, causal, block, mo
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 def test_skinny_gemms_match_reference_bf16(m):
     """Both skinny GEMMs (Triton; CUDA from csrc/ where nvcc is present) at Qwen3-4B / drafter shapes."""
-    from dflash_cli.engine.kernels import cuda_gemm
-    from dflash_cli.engine.kernels.skinny_gemm import config_for, skinny_linear
+    from dflash_cli.kernels import cuda_gemm
+    from dflash_cli.kernels.skinny_gemm import config_for, skinny_linear
 
     torch.manual_seed(2)
     bf = torch.bfloat16
@@ -171,9 +171,9 @@ def test_skinny_gemms_match_reference_bf16(m):
 @pytest.mark.parametrize("m", [1, 3, 9, 16])
 def test_swiglu_epilogue_matches_unfused_bf16(m):
     """The CUDA GEMM's SwiGLU epilogue against the GEMM then the activation kernel (same bf16 roundings)."""
-    from dflash_cli.engine import ops
-    from dflash_cli.engine.kernels import cuda_gemm
-    from dflash_cli.engine.kernels.elementwise import silu_mul
+    from dflash_cli.layers import ops
+    from dflash_cli.kernels import cuda_gemm
+    from dflash_cli.kernels.elementwise import silu_mul
 
     dev = torch.device("cuda")
     if not cuda_gemm.available(dev):
@@ -198,7 +198,7 @@ def test_swiglu_epilogue_matches_unfused_bf16(m):
 def test_norm_and_residual_fusions_match_unfused_bf16(m):
     """The CUDA GEMM with a unit-weight RMSNorm folded in (x is the residual stream) and with the residual add in
     its epilogue, against the unfused kernels and the fp32 reference, over tile kinds, warps and K splits."""
-    from dflash_cli.engine.kernels import cuda_gemm
+    from dflash_cli.kernels import cuda_gemm
 
     dev = torch.device("cuda")
     if not cuda_gemm.available(dev):
@@ -261,7 +261,7 @@ def test_norm_and_residual_fusions_match_unfused_bf16(m):
 
 def test_greedy_kernels_match_torch():
     """Argmax rows and the greedy verdict at the vocabulary's size, ties included."""
-    from dflash_cli.engine.kernels import greedy
+    from dflash_cli.kernels import greedy
 
     torch.manual_seed(0)
     for rows in (1, 15, 17):

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..switches import env_number, env_power_of_two
+from ..tuning import env_number, env_power_of_two
 from . import block_trace
 from .elementwise import norm_rope
 from . import pdl

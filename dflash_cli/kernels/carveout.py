@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import ctypes
 
-from ...errors import DflashError
-from ..switches import env_number
+from ..errors import DflashError
+from ..tuning import env_number
 
 
 def percentage(value: int) -> int:

@@ -9,8 +9,8 @@ import torch
 
 from ..errors import DflashError
 from ..registry import ModelEntry
-from .config import Qwen3Config, read_json
-from .tokenizer import ChatTokenizer
+from ..loading.config import Qwen3Config, read_json
+from ..loading.tokenizer import ChatTokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
           "float32": torch.float32, "fp32": torch.float32}

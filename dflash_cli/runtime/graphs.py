@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ops
-from .kernels import carveout
+from ..layers import ops
+from ..kernels import carveout
 
 MIN_WINDOW = 256
 MAX_ROWS = 32  # the most rows of a step (decode, verify, draft); longer spans are prefills

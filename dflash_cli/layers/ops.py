@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from .switches import env_number
+from ..tuning import env_number
 
 _kernels = None  # the Triton module once imported, False where unavailable or disabled (DFLASH_KERNELS=0)
 
@@ -34,7 +34,7 @@ def _triton_on(x: torch.Tensor):
         try:
             if os.environ.get("DFLASH_KERNELS", "1") == "0":
                 raise ImportError("disabled")
-            from .kernels import elementwise as _kernels_module
+            from ..kernels import elementwise as _kernels_module
 
             _kernels = _kernels_module
         except ImportError:
@@ -236,7 +236,7 @@ def fast_gemm(x: torch.Tensor, w: torch.Tensor):
     if not _skinny(x, w):
         return None
     if _GEMM == "triton" or w.shape[0] >= VOCAB_ROWS:
-        from .kernels.skinny_gemm import skinny_linear
+        from ..kernels.skinny_gemm import skinny_linear
 
         return skinny_linear
     gemm = _cuda_gemm_for(x, w)
@@ -263,7 +263,7 @@ def _load_cuda_gemm(device: torch.device):
     """The csrc/ GEMM module, built and loaded on first use; False where it is unavailable."""
     global _cuda_gemm
     if _cuda_gemm is None:
-        from .kernels import cuda_gemm
+        from ..kernels import cuda_gemm
 
         _cuda_gemm = cuda_gemm if cuda_gemm.available(device) else False
     return _cuda_gemm
@@ -286,7 +286,7 @@ def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None, norm: float | None
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits [rows, V] -> long [rows]: each row's first index of its largest value (torch.argmax)."""
     if _triton_on(logits) and logits.dim() == 2 and logits.stride(-1) == 1:
-        from .kernels import greedy
+        from ..kernels import greedy
 
         return greedy.argmax_rows(logits)
     return logits.argmax(-1)
@@ -300,7 +300,7 @@ def greedy_verdict(ids: torch.Tensor, logits: torch.Tensor, feed=None) -> torch.
     (ids[0] = bonus, positions[0] += 1), and is recorded at fed[position + 1], so that a graph's next replay needs
     nothing staged and the host can read the token where nothing overwrites it (graphs.Graphs.fed_token)."""
     if _triton_on(logits) and logits.dim() == 2 and logits.stride(-1) == 1 and ids.is_contiguous():
-        from .kernels import greedy
+        from ..kernels import greedy
 
         return greedy.greedy_verdict(ids, logits, feed)
     best = logits.argmax(-1)
@@ -371,7 +371,7 @@ def attend_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_c
     whose first rows a decode row's split programs ask into L2 once their keys are in (the caller names it where the
     product before the attention did not warm them)."""
     if fast_kernels(q) and _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache):
-        from .kernels import attention as kernel
+        from ..kernels import attention as kernel
 
         if kernel.supports_fresh(q, k_cache, window):
             return kernel.attention_fresh(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
@@ -483,11 +483,11 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
     """q: [T, H, D]; k, v: [S, KV, D] (a fixed window of the cache); limit: [T] device int64,
     the last key index query row i sees. Returns [T, H*D]. Capturable in a CUDA graph."""
     if fast_kernels(q):
-        from .kernels import attention as kernel
+        from ..kernels import attention as kernel
 
         if kernel.supports(q, k, v):
             return kernel.attention_window(q, k, v, limit, scale)
-        from .kernels import prefill_attention as many_rows  # rows past the split kernel's tile: a prefill
+        from ..kernels import prefill_attention as many_rows  # rows past the split kernel's tile: a prefill
 
         if many_rows.supports(q, k, v):
             return many_rows.attention_window(q, k, v, limit, scale)

@@ -1,7 +1,7 @@
 """Fused Triton kernels for the small per-layer operations of a decode step.
 
 Each replaces a chain of torch kernels (RMSNorm was ~7 launches, RoPE ~7, SiLU-mul 2)
-with one, and rounds exactly where the torch reference in engine/ops.py rounds, so
+with one, and rounds exactly where the torch reference in layers/ops.py rounds, so
 the two agree to the last bf16 bit up to the reciprocal square root's approximation.
 """
 
@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from . import block_trace
-from ..switches import env_power_of_two
+from ..tuning import env_power_of_two
 from .pdl import launch_options, start as pdl_start
 
 # Warps of a q/k norm + RoPE program (one head vector of a row): one warp sums its squares without a block-wide
@@ -260,7 +260,7 @@ def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, st
                fill: int = 0) -> None:
     """ids[:S] = src (S = its length), ids[S:] = fill, and positions[:] = start (+ offset[0], a device scalar, where
     given), start + 1, ... (int64 [N], ids and positions contiguous): a graph's device-side inputs in one launch
-    (engine/graphs.stage_step)."""
+    (runtime/graphs.stage_step)."""
     n = ids.shape[0]
     _stage_step_kernel[(1,)](ids, src, positions, positions if offset is None else offset, src.stride(0), start, n,
                              src.shape[0], fill, OFFSET=offset is not None, BLOCK=max(16, triton.next_power_of_2(n)),

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from ...errors import DflashError
+from ..errors import DflashError
 from . import block_trace, cubin, pdl
 from .cubin import Ptr
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import DflashError
+from .errors import DflashError
 
 
 def env_number(name: str, default, kind):

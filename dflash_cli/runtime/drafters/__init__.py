@@ -4,23 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .engine.generation import PlainDecoder
-from .engine.speculative import SpeculativeDecoder
-from .errors import DflashError
-from .loading.config import read_json
-from .registry import DRAFT_KINDS, Source
+from ..generation import PlainDecoder
+from ..speculative import SpeculativeDecoder
+from ...errors import DflashError
+from ...loading.config import read_json
+from ...registry import DRAFT_KINDS, Source
 
 
 def _dflash(path: Path, target):
-    from .engine.proposers.dflash import DFlashProposer
-    from .models.dflash import DFlashDrafter
+    from .dflash import DFlashProposer
+    from ...models.dflash import DFlashDrafter
 
     return DFlashProposer(DFlashDrafter.load(path, target))
 
 
 def _eagle3(path: Path, target):
-    from .engine.proposers.eagle3 import Eagle3Proposer
-    from .models.eagle3 import Eagle3Drafter
+    from .eagle3 import Eagle3Proposer
+    from ...models.eagle3 import Eagle3Drafter
 
     return Eagle3Proposer(Eagle3Drafter.load(path, target))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...models.dflash import DFlashDrafter
-from .. import ops
+from ...layers import ops
 from ..sampling import SamplingParams, draw, probabilities
 
 

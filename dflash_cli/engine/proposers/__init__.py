@@ -1,1 +1,0 @@
-"""Drafters behind the Proposer interface (engine/speculative.py)."""

@@ -1,0 +1,1 @@
+"""The torch reference semantics of every operation (ops: the one dispatcher to the kernels), spans and the KV cache."""

@@ -1,0 +1,1 @@
+"""What runs a model: the loaded bundle, a session with its static cache and graphs, plain and speculative generation, sampling and statistics; drafters/ holds each drafter's runtime with its state."""
