@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import hub
+from . import hub, tuning
 from .errors import DflashError
 
 PACKAGED = Path(__file__).with_name("models.toml")
@@ -71,7 +70,7 @@ class Registry:
 
     @classmethod
     def load(cls, path: Path | None = None) -> "Registry":
-        path = Path(path or os.environ.get("DFLASH_REGISTRY") or PACKAGED)
+        path = Path(path or tuning.KNOBS.registry or PACKAGED)
         try:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:

@@ -25,6 +25,9 @@ def isolated_hub(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("DFLASH_REGISTRY", raising=False)
+    from dflash_cli import tuning
+
+    monkeypatch.setattr(tuning, "KNOBS", tuning.read())  # the CLI re-reads them; tests calling the code directly
     # huggingface_hub reads HF_HOME once, at import (transformers imports it during collection).
     from huggingface_hub import constants
 

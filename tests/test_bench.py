@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from dflash_cli import tuning
+
 from tiny import make_dflash, make_eagle3, make_qwen3
 
 BLOCK = 6  # DFlash block: 5 drafts per step
@@ -39,6 +41,7 @@ drafters = {{ dflash = "./dflash", eagle3 = "./eagle3" }}
 @pytest.fixture
 def registry(tiny_registry, monkeypatch):
     monkeypatch.setenv("DFLASH_REGISTRY", str(tiny_registry / "models.toml"))
+    monkeypatch.setattr(tuning, "KNOBS", tuning.read())  # for the tests that call the bench directly
     monkeypatch.setattr("dflash_cli.synthetic.CONFIG_DIR", tiny_registry / "synthetic")
     return tiny_registry
 
@@ -106,7 +109,7 @@ def test_timed_runs_reuse_the_warm_up_decoders_and_graphs(registry, tmp_path, mo
     """2 prompts × 2 repeats: one decoder (one drafter load, one set of graphs) per mode, and the
     warm-up covers every prompt, so no graph shape is first met inside a timed run. The second
     prompt ends past the first's 256-row attention window: a prompt-0-only warm-up would miss it."""
-    import dflash_cli.runtime.drafters as drafters
+    import dflash_cli.runtime.decoders as drafters
     from dflash_cli.bench import run as bench_run
     from dflash_cli.runtime import graphs as graphs_mod
     from dflash_cli.runtime.session import Session
@@ -164,7 +167,7 @@ def test_forced_proposals_are_the_sequence_then_one_wrong_token():
     from dflash_cli.bench.forced import ForcedAcceptance
 
     seq, vocab = [5, 9, 2, 7, 0, 3, 8], 10
-    inner = SimpleNamespace(kind="dflash", capture=(1,), max_draft=4)
+    inner = SimpleNamespace(kind="dflash", capture=(1,), max_draft=4, prefix_drafts=False)
     forced = ForcedAcceptance(inner, seq, tau=1.0, vocab_size=vocab)
     drafts = torch.tensor([40, 41, 42, 43])
     for pos, n in ((0, 0), (0, 2), (1, 4), (3, 3), (4, 2), (5, 4), (6, 1)):

@@ -55,14 +55,11 @@ def test_draft_logits_and_accepted_lengths_match_reference(setup, seed, monkeypa
         ref_d.compute_logits = orig
 
     our_logits = []
-    orig_ours = ours_d.draft_logits
-    ours_d.draft_logits = lambda last, k: our_logits.append(orig_ours(last, k)) or our_logits[-1]
-    try:
-        session = Session(ours_t, max_len=prompt.shape[0] + max_new + 1)
-        res = generate(session, SpeculativeDecoder(DFlashProposer(ours_d)),
-                       Request(prompt.tolist(), SamplingParams(), max_tokens=max_new))
-    finally:
-        ours_d.draft_logits = orig_ours
+    proposer = DFlashProposer(ours_d)
+    orig_ours = proposer.draft_logits
+    proposer.draft_logits = lambda last, k: our_logits.append(orig_ours(last, k)) or our_logits[-1]
+    session = Session(ours_t, max_len=prompt.shape[0] + max_new + 1)
+    res = generate(session, SpeculativeDecoder(proposer), Request(prompt.tolist(), SamplingParams(), max_tokens=max_new))
 
     assert res.tokens == ref.output_ids[0, prompt.shape[0]:].tolist()
     assert [len(s.emitted) for s in res.steps] == ref.acceptance_lengths

@@ -115,7 +115,7 @@ def test_chained_draft_logits_match_reference_at_every_step(setup, seed):
 
     proposer = Eagle3Proposer(ours_d)
     seen = []  # (committed tokens, last, our logits per chained step)
-    orig = ours_d.chain_step
+    orig = proposer.chain_step
 
     def spy(pos, state, token):
         logits, out = orig(pos, state, token)
@@ -132,13 +132,10 @@ def test_chained_draft_logits_match_reference_at_every_step(setup, seed):
     history = list(prompt)
     session_tokens = lambda: history[: session.length]  # noqa: E731
     proposer.propose = propose
-    ours_d.chain_step = spy
-    try:
-        res = generate(session, SpeculativeDecoder(proposer, k),
-                       Request(prompt_ids=prompt, max_tokens=30, params=SamplingParams(temperature=0.0)),
-                       on_step=lambda step: history.extend(step.emitted))
-    finally:
-        ours_d.chain_step = orig
+    proposer.chain_step = spy
+    res = generate(session, SpeculativeDecoder(proposer, k),
+                   Request(prompt_ids=prompt, max_tokens=30, params=SamplingParams(temperature=0.0)),
+                   on_step=lambda step: history.extend(step.emitted))
     assert len(res.tokens) == 30 and len(seen) >= 4
     worst = 0.0
     for tokens, last, ours in seen:

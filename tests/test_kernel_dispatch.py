@@ -7,7 +7,7 @@ checked in test_kernels_interpret.py and on the GPU.
 import pytest
 import torch
 
-from dflash_cli import tuning as switches
+from dflash_cli import tuning
 from dflash_cli.layers import ops
 
 
@@ -174,22 +174,17 @@ def test_the_split_warms_o_where_qkv_did_not(monkeypatch):
     assert handed[0] is o and handed[1] is None
 
 
-def test_numeric_switches_name_themselves_when_malformed(monkeypatch):
+def test_knobs_are_read_once_and_name_themselves_when_malformed():
     from dflash_cli.errors import DflashError
 
-    monkeypatch.setenv("DFLASH_L2_WARM_MB", "2.5")
-    assert switches.env_number("DFLASH_L2_WARM_MB", 4.0, float) == 2.5
-    monkeypatch.delenv("DFLASH_L2_WARM_MB")
-    assert switches.env_number("DFLASH_L2_WARM_MB", 4.0, float) == 4.0
-    monkeypatch.setenv("DFLASH_GEMM_MAX_M", "x")
-    with pytest.raises(DflashError, match="DFLASH_GEMM_MAX_M='x': not an integer"):
-        switches.env_number("DFLASH_GEMM_MAX_M", 16, int)
-    monkeypatch.setenv("DFLASH_SPAN_MIN_SPLIT", "256")
-    assert switches.env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, 64, 256) == 256
-    for bad in ("100", "32", "512"):  # not a power of two, or outside the split kernel's range
-        monkeypatch.setenv("DFLASH_SPAN_MIN_SPLIT", bad)
-        with pytest.raises(DflashError, match=f"DFLASH_SPAN_MIN_SPLIT={bad}: must be a power of two from 64 to 256"):
-            switches.env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, 64, 256)
+    knobs = tuning.read({})
+    assert knobs == tuning.Tuning() and knobs.graphs and knobs.pdl and knobs.gemm == "auto" and not knobs.block_trace
+    knobs = tuning.read({"DFLASH_GRAPHS": "0", "DFLASH_GEMM": "cublas", "DFLASH_REGISTRY": "/x/models.toml"})
+    assert not knobs.graphs and knobs.gemm == "cublas" and str(knobs.registry) == "/x/models.toml"
+    with pytest.raises(DflashError, match="DFLASH_PDL='yes': must be 0 or 1"):
+        tuning.read({"DFLASH_PDL": "yes"})
+    with pytest.raises(DflashError, match="DFLASH_GEMM='cutlass': must be one of auto, cublas, triton"):
+        tuning.read({"DFLASH_GEMM": "cutlass"})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -238,15 +233,3 @@ def test_decode_splits_of_several_key_blocks_pipeline_two_stages(monkeypatch):
     assert kernel._split_tuning(4 * block, 32) == kernel._split_tuning(4 * block, 64) == {}
     monkeypatch.setattr(kernel, "SPLIT_STAGES", 3)
     assert kernel._split_tuning(4 * block, 16) == {"num_stages": 3}
-
-
-def test_carveout_is_a_percentage_or_the_drivers_choice(monkeypatch):
-    from dflash_cli.kernels import carveout
-    from dflash_cli.errors import DflashError
-
-    assert carveout.percentage(43) == 43 and carveout.percentage(-1) == -1 and carveout.percentage(0) == 0
-    for bad in (101, -2):
-        with pytest.raises(DflashError, match=f"DFLASH_CARVEOUT={bad}: must be a percentage"):
-            carveout.percentage(bad)
-    monkeypatch.setattr(carveout, "CARVEOUT", -1)
-    carveout.apply()  # the driver's choice: no CUDA call, so this runs without a GPU

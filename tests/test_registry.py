@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_cli import tuning
 from dflash_cli.errors import DflashError
 from dflash_cli.registry import PACKAGED, Registry
 
@@ -30,6 +31,7 @@ def registry(tmp_path, monkeypatch, text: str) -> Path:
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
     monkeypatch.setenv("DFLASH_REGISTRY", str(path))
+    monkeypatch.setattr(tuning, "KNOBS", tuning.read())
     return path
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from dflash_cli.runtime.generation import PlainDecoder, Request, Result, generate
+from dflash_cli.runtime.drafters.base import Drafter
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams
@@ -82,12 +83,13 @@ class Zoo:
         return (DFLASH.get(drafter) or EAGLE3[drafter])[0]
 
     def load_drafter(self, name: str):
-        """A new drafter instance (its own caches) for drafter `name`."""
+        """A new drafter network for drafter `name`."""
         target = self.targets[self.target_of(name)]
         return (DFlashDrafter if name in DFLASH else Eagle3Drafter).load(self.dirs[name], target)
 
-    def proposer(self, name: str):
-        d = self.drafters[name]
+    def proposer(self, name: str, fresh: bool = False):
+        """A runtime drafter (its own caches) over drafter `name`'s network (a new one where `fresh`)."""
+        d = self.load_drafter(name) if fresh else self.drafters[name]
         return DFlashProposer(d) if name in DFLASH else Eagle3Proposer(d)
 
     def plain(self, target: str, prompt: tuple, max_tokens: int, stops: tuple = (), max_len: int = MAX_LEN) -> Result:
@@ -111,7 +113,7 @@ def zoo(tmp_path_factory) -> Zoo:
 # scripted proposers
 
 
-class Scripted:
+class Scripted(Drafter):
     """Proposes from `truth` (prompt + plain greedy continuation, indexed by position): the first
     `right(k)` drafts are the true tokens, the rest deliberately wrong. Checks what the decoder
     tells it: absorbed positions are contiguous and hold the true tokens, `last` is the true token."""
@@ -163,7 +165,7 @@ class Scripted:
         return torch.tensor(true[:j] + [(t + 1) % self.vocab for t in true[j:]]), None
 
 
-def eagle3_logits(drafter: Eagle3Drafter, last: int, drafts: list[int]) -> torch.Tensor:
+def eagle3_logits(drafter: Eagle3Proposer, last: int, drafts: list[int]) -> torch.Tensor:
     """Draft-vocabulary logits of the chain fed [last] + drafts[:-1] (teacher forced)."""
     pos, state = drafter.first_state()
     rows = []
@@ -173,7 +175,7 @@ def eagle3_logits(drafter: Eagle3Drafter, last: int, drafts: list[int]) -> torch
     return torch.stack(rows)
 
 
-class Steered:
+class Steered(Drafter):
     """A real proposer whose first j drafts (j random per proposal) are replaced by the true
     tokens; the drafter itself still runs every step. Before each proposal the drafter's
     logits are compared with a fresh drafter that absorbed the committed tokens in one go,
@@ -183,7 +185,7 @@ class Steered:
         """seed None: every draft replaced by the truth (full acceptance, the real drafter still running)."""
         self.zoo, self.name, self.truth = zoo, name, truth
         self.inner = zoo.proposer(name)
-        self.fresh = zoo.load_drafter(name)
+        self.fresh = zoo.proposer(name, fresh=True)
         self.target = zoo.targets[zoo.target_of(name)]
         self.kind, self.capture, self.max_draft = self.inner.kind, self.inner.capture, self.inner.max_draft
         self.rng = random.Random(seed) if seed is not None else None
@@ -223,15 +225,15 @@ class Steered:
         session = Session(self.target, self.max_len)
         hidden = session.forward(self.tokens, capture=self.capture).hidden
         self.fresh.reset(self.max_len)
-        if isinstance(self.fresh, DFlashDrafter):
+        if isinstance(self.fresh, DFlashProposer):
             self.fresh.absorb(hidden, 0)
-            ours = self.inner.drafter.draft_logits(last, len(drafts))
+            ours = self.inner.draft_logits(last, len(drafts))
             ref = self.fresh.draft_logits(last, len(drafts))
             assert ours.argmax(-1).tolist() == drafts
         else:
             self.fresh.absorb(hidden, 0, list(self.tokens))
-            ours, ref = eagle3_logits(self.inner.drafter, last, drafts), eagle3_logits(self.fresh, last, drafts)
-            assert self.inner.drafter.draft_to_target[ours.argmax(-1)].tolist() == drafts
+            ours, ref = eagle3_logits(self.inner, last, drafts), eagle3_logits(self.fresh, last, drafts)
+            assert self.inner.model.draft_to_target[ours.argmax(-1)].tolist() == drafts
         assert torch.allclose(ours, ref, rtol=1e-4, atol=1e-4), (ours - ref).abs().max()
         self.checked += 1
 

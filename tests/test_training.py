@@ -14,6 +14,8 @@ from dflash_cli.layers.spans import Span
 from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
+from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.training import dflash as dflash_stage
 from dflash_cli.training import eagle3 as eagle3_stage
 from dflash_cli.training import pipeline, presets
@@ -54,15 +56,15 @@ def test_dflash_training_blocks_equal_inference_drafts(models):
     size = drafter.block_size
     seqs = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(1))
     anchors = torch.tensor([[0, 7, 15], [3, 9, 11]])
-    drafter.reset(64)
     logits = dflash_stage.block_logits(drafter, seqs, anchors)
+    run = DFlashProposer(drafter)
     for i in range(2):
         hidden = target.forward(seqs[i], 0, target.new_cache(32), capture=drafter.capture).hidden
         for j, a in enumerate(anchors[i].tolist()):
-            drafter.reset(64)
+            run.reset(64)
             if a:
-                drafter.absorb(hidden[:a], 0)
-            ref = drafter.draft_logits(int(seqs[i, a]), size - 1)
+                run.absorb(hidden[:a], 0)
+            ref = run.draft_logits(int(seqs[i, a]), size - 1)
             assert rel_err(logits[i, j], ref) < 1e-5
 
 
@@ -70,17 +72,17 @@ def test_eagle3_training_time_test_equals_inference_chain(models):
     target, drafter = models[0], models[2]
     steps = 4
     seqs = torch.randint(0, 300, (2, 22), generator=torch.Generator().manual_seed(2))
-    drafter.reset(64)
     per_step = list(eagle3_stage.step_logits(drafter, seqs, steps))
+    run = Eagle3Proposer(drafter)
     for i in range(2):
         hidden = target.forward(seqs[i], 0, target.new_cache(32), capture=drafter.capture).hidden
         for c in (1, 6, 15):  # committed target positions; the chain starts from token c
-            drafter.reset(64)
-            drafter.absorb(hidden[:c], 0, seqs[i, :c].tolist())
-            pos, state = drafter.first_state()
+            run.reset(64)
+            run.absorb(hidden[:c], 0, seqs[i, :c].tolist())
+            pos, state = run.first_state()
             for j in range(steps):
                 # Forced to the sequence's tokens, as when every earlier draft was accepted.
-                logits, state = drafter.chain_step(pos + j, state, int(seqs[i, c + j]))
+                logits, state = run.chain_step(pos + j, state, int(seqs[i, c + j]))
                 assert rel_err(per_step[j][i, c - 1 + j], logits) < 1e-5, (i, c, j)
 
 

@@ -19,17 +19,18 @@ import random
 import torch
 
 from ..layers import ops
+from ..runtime.drafters.base import Drafter
 from ..runtime.graphs import upload
 from ..runtime.speculative import SpeculativeDecoder
 
 
-class ForcedAcceptance:
+class ForcedAcceptance(Drafter):
     def __init__(self, inner, sequence: list[int], tau: float, vocab_size: int, seed: int = 0):
         self.inner = inner
         self.kind = inner.kind
         self.capture = inner.capture
         self.max_draft = inner.max_draft
-        self.prefix_drafts = getattr(inner, "prefix_drafts", False)
+        self.prefix_drafts = inner.prefix_drafts
         self.sequence = sequence  # prompt + the target's greedy continuation
         self.tau = tau
         self.vocab_size = vocab_size
@@ -56,16 +57,20 @@ class ForcedAcceptance:
         lo = math.floor(mean)
         return lo + (1 if self.rng.random() < mean - lo else 0)
 
-    def queues_ahead(self, params) -> bool:
-        return hasattr(self.inner, "queues_ahead") and self.inner.queues_ahead(params)
+    @property
+    def default_draft(self) -> int:
+        return self.inner.default_draft
+
+    def can_queue_ahead(self, params) -> bool:
+        return self.inner.can_queue_ahead(params)
 
     def propose(self, last: int, k: int, params, gen):
         return self._force(self.pos, k, *self.inner.propose(last, k, params, gen))
 
-    def propose_after(self, hidden, ids, start: int, accepted, bonus, k: int, params, gen):
+    def propose_ahead(self, hidden, ids, start: int, accepted, bonus, k: int, params, gen):
         # `accepted` is this step's forced count: the host knows where the next proposal starts.
         at = start + self.forced + 1
-        return self._force(at, k, *self.inner.propose_after(hidden, ids, start, accepted, bonus, k, params, gen))
+        return self._force(at, k, *self.inner.propose_ahead(hidden, ids, start, accepted, bonus, k, params, gen))
 
     def commit(self, length: int) -> None:
         self.inner.commit(length)

@@ -156,7 +156,7 @@ class BenchTarget:
         if mode == "none":
             return PlainDecoder()
         if not self.o.synthetic:
-            from ..runtime.drafters import make_decoder
+            from ..runtime.decoders import make_decoder
 
             return make_decoder(self.bundle, mode, self.o.draft_len)
         from ..runtime.speculative import SpeculativeDecoder

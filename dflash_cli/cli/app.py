@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from .. import tuning
 from ..errors import DflashError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -154,6 +155,7 @@ def main() -> None:
     # torch warns at import where NumPy is not installed (the CPU wheel does not require it); nothing here uses NumPy.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
+        tuning.configure()  # the knobs, read once for this command
         code = app(standalone_mode=False)
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -170,7 +172,7 @@ def main() -> None:
             sys.exit(exc.exit_code)
         if type(exc).__name__ == "Abort":
             sys.exit(130)
-        if os.environ.get("DFLASH_DEBUG"):
+        if tuning.KNOBS.debug:
             raise
         print(f"error: {type(exc).__name__}: {exc} (set DFLASH_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(1)

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..conversation import Conversation
-from ..runtime.drafters import make_decoder
+from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, Result, generate
 from ..runtime.session import Session
 from ..errors import DflashError

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..runtime.drafters import make_decoder
+from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, generate
 from ..runtime.session import Session
 from ..errors import DflashError

@@ -14,132 +14,61 @@ merge programs, so that each reads all its splits in one load (merge_shape).
 A decode step's q, k and v can come straight from the projection (attention_fresh):
 the split programs then do the q/k norm, RoPE and cache write themselves. In a
 decode step over a window of up to 4096 keys, the split and the merge let the
-kernels after them launch early (DECODE_CHAIN).
+kernels after them launch early.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ..tuning import env_number, env_power_of_two
 from . import block_trace
 from .elementwise import norm_rope
 from . import pdl
 from .pdl import launch_options, start as pdl_start
 
 SPLIT = 256  # most keys per program
-BLOCK_S = 64
-# Every split PDL-launched (comparisons): one-block decode splits lose with it (see LONG_CHAIN below for those that
-# are: spans, and decode splits of several key blocks).
-ATTENTION_PDL = os.environ.get("DFLASH_ATTENTION_PDL", "0") == "1"
-# A decode step (few rows) splits its window into ~PROGRAMS programs (~4 per SM of an H100); spans of many
-# rows into fewer (below). benchmarks/attention_sweep.py (H100, windows 2048 and 16384,
-# benchmarks/2026-11-23-h100/): for 1 row 512 programs of 64-key blocks were best (256 the same; 1024 and
-# 2048 slower, and 128-key blocks slower at 16384); for 16 rows the finer split was slower than SPLIT
-# (12.9 vs 10.9 us at 1100 keys). Cutting the visible keys evenly instead of the window was slower too.
+BLOCK_S = 64  # keys a program loads at once
+# A decode step (few rows) splits its window into about PROGRAMS programs (about 4 an SM of an H100: the window
+# alone must fill the GPU), spans of many rows into about SPAN_PROGRAMS in splits of SPAN_MIN_SPLIT keys or more.
 PROGRAMS = 512
-# Spans (verify, DFlash blocks) aim at about one program per SM, in 128- to 256-key splits. With 8 KV heads
-# (Qwen3) only windows of up to 2048 keys change from the fixed 256-key splits: at ctx 1024 (window 2048) 128
-# programs instead of 64, half of them past the last key in both. H100 graph replays, two rounds
-# (2026-11-23-h100/session6/): verify 16 rows 3.645/3.634 -> 3.617/3.610 ms, verify 8 rows 3.561/3.554 ->
-# 3.496/3.488, DFlash draft 0.748/0.746 -> 0.744/0.742; bench DFlash 1233.8 -> 1246.2 tok/s, EAGLE-3 1113.0 ->
-# 1126.6. 64-key splits (256 programs) were slower (12.9 vs 10.9 us per launch at 1100 keys).
-# DFLASH_SPAN_MIN_SPLIT=256 restores the fixed splits.
 SPAN_PROGRAMS = 128
-SPAN_MIN_SPLIT = env_power_of_two("DFLASH_SPAN_MIN_SPLIT", 128, BLOCK_S, SPLIT)
-# Key blocks of a span of up to 32 query rows a KV head that the RoPE kernel feeds (EAGLE-3's verify past
-# FRESH_SPAN_WINDOW): 32 keys, so that two of its programs fit an SM's 100 KB of shared memory (carveout.CARVEOUT),
-# about 42 KB each at three stages, where a 64-key block's took about 76. H100 graph replays, two rounds
-# (benchmarks/2026-11-26-h100/session40/span_blocks.log), ms, 64 -> 32 keys: verify 8 rows at ctx 8192
-# 3.750/3.739 -> 3.637/3.635, at ctx 4096 3.538/3.531 -> 3.520/3.523, the rest unchanged; bench EAGLE-3 at ctx 8192
-# 1067.5 -> 1086.7 tok/s, at ctx 4096 1094.3 -> 1127.6. Fresh spans (shorter windows) lose with 32-key blocks (verify
-# 8 rows at ctx 1024 3.272 -> 3.433, session40/knobs2.log). DFLASH_SPAN_BLOCK_S=64: as before.
-SPAN_BLOCK_S = env_power_of_two("DFLASH_SPAN_BLOCK_S", 32, 16, BLOCK_S)
-# One warp per merge program: its split reductions stay inside the warp. H100, split + merge per launch
-# (benchmarks/merge_warps.py): 16 rows over 1100 keys 9.00 us with 1 warp vs 10.12 with 4; 1 row over 8300
-# keys 22.43 vs 23.16.
-MERGE_WARPS = 1
-# Triton's launch tuning of the split kernel (None: Triton's default, or _split_tuning's stages);
-# benchmarks/attention_sweep.py sets them, DFLASH_SPLIT_STAGES the stages.
+SPAN_MIN_SPLIT = 128
+# Key blocks of a span that the RoPE kernel feeds (EAGLE-3's verify past FRESH_SPAN_WINDOW): 32 keys, so that two of
+# its programs fit an SM's shared memory within the carveout (carveout.CARVEOUT).
+SPAN_BLOCK_S = 32
+MERGE_WARPS = 1  # one warp a merge program: its split reductions stay inside the warp
+# Triton's launch tuning of the split kernel (None: Triton's default, or _split_tuning's stages); the attention sweep
+# (benchmarks/attention_sweep.py) sets them.
 SPLIT_WARPS: int | None = None
-SPLIT_STAGES: int | None = env_number("DFLASH_SPLIT_STAGES", None, int)
-# Partial-output values one merge program (one warp) loads at once: 64 registers a lane. A decode row's 32 (ctx
-# 1024) or 64 (ctx 8192) splits are then read by 2 or 4 programs per row in one load each, where one program
-# looped over 16 splits per load. H100 graph replays (benchmarks/2026-11-23-h100/session6/): decode 3.376 ->
-# 3.322 ms, at ctx 8192 3.862 -> 3.764; the merge's own share of the step 4.7 -> 2.4 and 6.2 -> 2.8 us a layer.
+SPLIT_STAGES: int | None = None
+# Partial-output values one merge program (one warp) loads at once (64 registers a lane): a row's splits are read
+# in one load each by up to MERGE_DSPLIT programs over the head's dims.
 MERGE_ELEMS = 2048
-MERGE_DSPLIT = env_power_of_two("DFLASH_MERGE_DSPLIT", 8, 1, 16)  # most merge programs per row; 1: the old merge
-# The merge lets the next kernel (the o projection, whose weights do not depend on it) launch at its start.
-MERGE_TRIGGER = os.environ.get("DFLASH_MERGE_TRIGGER", "1") == "1"
-# A decode step's rows straight from the projection: the split kernel normalises and rotates q and the new keys
-# and writes the cache (attention_fresh), and no RoPE kernel runs. Only for a few query rows per KV head (at most
-# FRESH_ROWS, one tile): a span's 64 rows spilled (255 registers and 880 bytes of stack), where few rows use 146
-# against the plain kernel's 144.
-FRESH = os.environ.get("DFLASH_FRESH_ATTENTION", "1") == "1"
+MERGE_DSPLIT = 8
+# A decode step's rows straight from the projection (attention_fresh): the split kernel normalises and rotates q and
+# the new keys and writes the cache, and no RoPE kernel runs; only for up to FRESH_ROWS query rows a KV head (a span's
+# 64 rows spilled registers), and for spans of up to FRESH_SPAN_ROWS (EAGLE-3's 8-row verify) over windows of up to
+# FRESH_SPAN_WINDOW keys (each row block reads the split's keys again: longer windows lose).
 FRESH_ROWS = 16
-# Spans of up to FRESH_SPAN_ROWS query rows per KV head (EAGLE-3's 8-row verify) take the fresh path too, their rows
-# shared out FRESH_ROWS per program (a third grid axis), so no RoPE kernel runs before their attention. H100 graph
-# replays, two rounds (benchmarks/2026-11-23-h100/session11/fresh_spans/), ms, RoPE kernel -> fresh: verify 8 rows
-# 3.497/3.494 -> 3.468/3.459; with 64 rows (4 blocks) verify 16 rows 3.564/3.561 -> 3.699/3.687 and the DFlash
-# draft 0.748/0.745 -> 0.752/0.750, so those keep the RoPE kernel. Each row block reads the split's keys again: at
-# ctx 8192 the EAGLE-3 bench fell from 1020 to 976 tok/s (verify 4.03 -> 4.27 ms, session11/final/), so only
-# windows of up to FRESH_SPAN_WINDOW keys. DFLASH_FRESH_SPANS=0: every span keeps the RoPE kernel.
-FRESH_SPANS = os.environ.get("DFLASH_FRESH_SPANS", "1") == "1"
 FRESH_SPAN_ROWS = 32
 FRESH_SPAN_WINDOW = 2048
-# Fresh spans of up to FRESH_BLOCK rows per KV head run in one row block of FRESH_WARPS warps (more warps: fewer
-# registers per thread, where 64 rows on 4 warps spilled), not in blocks of FRESH_ROWS. H100 graph replays, two
-# rounds (benchmarks/2026-11-24-h100/fresh_block/), ms, FRESH_BLOCK 16 -> 32: verify 8 rows (32 rows in one block
-# instead of two) 3.357/3.356 -> 3.346/3.344, decode and the rest unchanged; on 4 warps no gain (3.357/3.354).
-# A 64-row block (verify 16 and the DFlash draft fresh too, no RoPE kernel) gained nothing (verify 16 rows
-# 3.457/3.450 -> 3.456/3.457, draft 0.737/0.736 -> 0.739/0.736), and the wide block past FRESH_SPAN_WINDOW lost to
-# the RoPE kernel (verify 8 rows at ctx 8192 3.836/3.831 -> 3.851/3.853, fused_merge/), so the window limit stays.
-FRESH_BLOCK = env_power_of_two("DFLASH_FRESH_BLOCK", FRESH_SPAN_ROWS, FRESH_ROWS, FRESH_SPAN_ROWS)
-FRESH_WARPS = env_power_of_two("DFLASH_FRESH_WARPS", 8, 4, 16)
-# A decode step's split lets the merge launch at its start, and the merge (PDL-launched) lets the o projection
-# launch at its own: the merge's and the product's blocks are then resident while the split runs, the product's
-# first weight loads in flight. H100 graph replays (benchmarks/2026-11-23-h100/session10/), decode ms, no chain ->
-# chain: ctx 512 3.272 -> 3.257, ctx 1024 3.285 -> 3.260, ctx 2048 3.388 -> 3.345. DFLASH_DECODE_CHAIN=0 turns it off.
-DECODE_CHAIN = os.environ.get("DFLASH_DECODE_CHAIN", "1") == "1"
-# Early launches and the L1 / shared-memory split (benchmarks/2026-11-25-h100/session36/). An SM changes its split
-# only once it has drained, and under programmatic dependent launch it never drains: every kernel after a split
-# program of much shared memory (70 KB at 256-key decode splits, 112 KB for 16-row spans, 2-3 an SM, so the driver
-# gave them the largest shared carveout) then ran with a small L1, which the products' weight loads need. That is
-# why the chain for longer splits and for spans, and PDL-launched splits, always lost before (call1.log, call2.log:
-# ctx 8192 decode 3.545 -> 3.745 ms with the chain; verify 16 rows 3.445 -> 4.333 with it, 4.62 with PDL splits).
-# So every kernel of a captured step prefers one carveout (carveout.CARVEOUT), long decode splits pipeline 2 stages
-# instead of Triton's 3 (_split_tuning: 39 KB for a 256-key split, two an SM within the carveout), and then:
-# - every decode split takes the chain (LONG_CHAIN; before, only one-block splits: windows up to 4096 keys);
-# - spans' splits (SPAN_PDL) and decode splits of several key blocks (LONG_PDL) are PDL-launched: their blocks become
-#   resident while the RoPE kernel or the qkv product drains (one-block decode splits lose with it: +10-15 us).
-# H100 graph replays, two rounds, ms, before -> now (spans8192.log; ctx 512 and 4096: ctx4096b.log): decode 3.110/
-# 3.111 -> 3.109/3.107; ctx 8192 decode 3.543/3.539 -> 3.491/3.482, verify 16 rows 3.950/3.947 -> 3.944/3.931; ctx
-# 1024 verify 16 rows 3.435/3.439 -> 3.433/3.416, verify 8 rows 3.320/3.320 -> 3.299/3.285; DFlash draft 0.721/0.719
-# -> 0.707/0.703; ctx 4096 decode 3.353/3.343 -> 3.330/3.328, verify 16 rows 3.677/3.669 -> 3.635/3.623. The 8-row
-# verify loses past 2048 keys: ctx 4096 3.548/3.536 -> 3.580/3.577, ctx 8192 3.776/3.765 -> 3.784/3.786 (call3.log).
-# DFLASH_LONG_CHAIN=0, DFLASH_SPAN_PDL=0, DFLASH_LONG_PDL=0, DFLASH_CARVEOUT=-1, DFLASH_SPLIT_STAGES=3 (all five: the
-# step as before) take each part back.
-LONG_CHAIN = os.environ.get("DFLASH_LONG_CHAIN", "1") == "1"
-SPAN_PDL = os.environ.get("DFLASH_SPAN_PDL", "1") == "1"
-LONG_PDL = os.environ.get("DFLASH_LONG_PDL", "1") == "1"
-TWO_STAGE_ROWS = env_number("DFLASH_TWO_STAGE_ROWS", 16, int)  # most query rows a program of a 2-stage split holds
-# A decode row's split loads its first block of cached keys and values before its wait for the qkv product
-# (EARLY): the keys before the new row were written by earlier steps and the positions are staged before the graph,
-# so their memory latency overlaps the product's tail instead of following it; the new row's key and value, which the
-# program normalises and stores itself, are patched into the block from registers. Such a split is PDL-launched.
-# H100 graph replays (benchmarks/2026-11-25-h100/session37/final.log), ms, off -> on: decode at ctx 8192 (256-key
-# splits, 4 key blocks) 3.491/3.486 -> 3.429/3.425, at ctx 4096 (128-key splits) 3.331 -> 3.254; ctx 1024 unchanged
-# (3.109/3.109 -> 3.110/3.110); bench at ctx 8192 plain 3.51 -> 3.45 ms a token. One-block splits
-# (windows up to 4096 keys) lose with it: decode at ctx 1024 3.120-3.122 (the PDL launch; DFLASH_EARLY_ONE=1). Causal
-# spans, their new rows loaded again after the wait, lost too (verify 16 rows at ctx 8192 3.93 -> 4.00:
-# session37/early_spans.diff), and so did loading more blocks early (decode at ctx 8192 3.60-3.62 with 2 or 4 of
-# the 4: blocks.log). DFLASH_EARLY_KEYS=0 turns it off.
-EARLY_KEYS = os.environ.get("DFLASH_EARLY_KEYS", "1") == "1"
-EARLY_ONE = os.environ.get("DFLASH_EARLY_ONE", "0") == "1"
+# Fresh spans of up to FRESH_BLOCK rows a KV head run in one row block of FRESH_WARPS warps (fewer registers a
+# thread than 4 warps), not in blocks of FRESH_ROWS.
+FRESH_BLOCK = FRESH_SPAN_ROWS
+FRESH_WARPS = 8
+# Early launches (kernels/pdl.py): a decode split lets the merge launch at its start and the merge lets the o product
+# launch at its own, so their blocks are resident, the product's first weight loads in flight, while the split runs;
+# spans' splits and decode splits of several key blocks are themselves launched early (one-block decode splits lose
+# with it). That needs every kernel of a step to prefer one L1 / shared split (kernels/carveout.py), and long decode
+# splits to pipeline 2 stages instead of 3, so that two programs an SM fit it.
+TWO_STAGE_ROWS = 16  # most query rows a program of a 2-stage split holds
+# A decode row's split of several key blocks loads its first block of cached keys before its wait for the qkv
+# product (EARLY_KEYS); the new row's key and value, which the program writes itself, are patched in after it. Windows
+# of one-block splits lose with it (EARLY_ONE). Constants, not knobs: the interpreter tests set both to check the form.
+EARLY_KEYS = True
+EARLY_ONE = False
 
 
 @triton.jit
@@ -290,9 +219,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     if WARM:  # after the keys: the request waits on l_i, which they made
         _warm_share(warm_ptr, warm_bytes, tl.max(l_i, axis=0), WARM_STEPS, WARM_THREADS)
     base = (kvh * NSPLIT + sp) * ROWS
-    # The real rows only (the merge never reads the others): a decode row is 4 of a block's 16, and storing all 16
-    # cost the H100 decode step at ctx 8192 about 1 us a layer (graph replays 3.636-3.639 -> 3.597-3.605 ms,
-    # benchmarks/2026-11-25-h100/split_stores/).
+    # The real rows only (the merge never reads the others): a decode row is 4 of a block's 16.
     tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc, mask=rmask[:, None])
     tl.store(part_ml + (base + r) * 2, m_i, mask=rmask)
     tl.store(part_ml + (base + r) * 2 + 1, l_i, mask=rmask)
@@ -344,12 +271,9 @@ def merge_shape(nsplit: int, d: int) -> tuple[int, int]:
 
 
 def _split_tuning(split: int, rows: int) -> dict:
-    # Triton's defaults (4 warps, 3 stages) unless a sweep or DFLASH_SPLIT_STAGES sets them, except 2 stages for
-    # decode splits (at most TWO_STAGE_ROWS rows a program) of several key blocks, so that two programs an SM fit in
-    # the step's carveout (see LONG_CHAIN): with 3, a decode split at ctx 4096 took 3.389 ms against 3.324-3.340
-    # (ctx4096.log). Spans keep 3 (ctx4096b.log, session36/): with 2 stages for up to 32 rows the 8-row verify at
-    # ctx 4096 took 3.617-3.636 ms against 3.577-3.580 with 3 (3.536-3.555 before this session), though 3.74 against
-    # 3.78 at ctx 8192; 64-row spans lose with 2 everywhere (verify 16 rows at ctx 8192: 4.04-4.05 against 3.93-3.94).
+    # Triton's defaults (4 warps, 3 stages) unless a sweep sets them, except 2 stages for decode splits (at most
+    # TWO_STAGE_ROWS rows a program) of several key blocks, so that two programs an SM fit in the step's carveout;
+    # spans keep 3, which measured faster for them (docs/TUNING.md).
     two = rows <= TWO_STAGE_ROWS and split > BLOCK_S
     stages = SPLIT_STAGES or (2 if two else None)
     return {k: v for k, v in (("num_warps", SPLIT_WARPS), ("num_stages", stages)) if v}
@@ -371,11 +295,11 @@ def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: t
 
 def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
     """attention_fresh takes these rows: at most FRESH_ROWS query rows per KV head, or up to FRESH_SPAN_ROWS where
-    a block of FRESH_ROWS holds whole tokens and the window is short (FRESH_SPANS), over a contiguous cache."""
+    a block of FRESH_ROWS holds whole tokens and the window is short, over a contiguous cache."""
     g = q.shape[1] // k_cache.shape[1]
     rows = q.shape[0] * g
-    span = FRESH_SPANS and rows <= FRESH_SPAN_ROWS and FRESH_ROWS % g == 0 and window <= FRESH_SPAN_WINDOW
-    return (FRESH and (rows <= FRESH_ROWS or span) and k_cache.is_contiguous()
+    span = rows <= FRESH_SPAN_ROWS and FRESH_ROWS % g == 0 and window <= FRESH_SPAN_WINDOW
+    return ((rows <= FRESH_ROWS or span) and k_cache.is_contiguous()
             and supports(q, k_cache[:window], k_cache[:window]))
 
 
@@ -414,10 +338,10 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     part_ml = torch.empty((kv, nsplit, rows, 2), dtype=torch.float32, device=q.device)
     out = torch.empty((t, h * d), dtype=q.dtype, device=q.device)
     kn, vn, qw, kw, eps, cos, sin, pos = fresh if fresh else (k, v, k, k, 0.0, k, k, limit)
-    chain = few and blocks == 1 and DECODE_CHAIN and (split == BLOCK_S or LONG_CHAIN)
+    chain = few and blocks == 1
     decode = t * g <= 16
     early = t == 1 and chain and fresh is not None and (EARLY_ONE if split == BLOCK_S else EARLY_KEYS)
-    launch_early = ATTENTION_PDL or (SPAN_PDL and not decode) or (LONG_PDL and chain and split > BLOCK_S) or early
+    launch_early = not decode or (chain and split > BLOCK_S) or early
     # Decode rows only (ops.split_warm).
     warm = warm if warm is not None and warm[1] > 0 and decode and pdl.hopper(q.device) else None
     threads, warm_steps = 32 * tuning.get("num_warps", 4), 1
@@ -442,5 +366,5 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
                         BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
                         num_warps=MERGE_WARPS,
                         **block_trace.args("merge", grid, q),
-                        **launch_options(q.device, launch_early or chain, trigger=MERGE_TRIGGER))
+                        **launch_options(q.device, launch_early or chain, trigger=True))
     return out

@@ -1,4 +1,4 @@
-"""Per-block timestamps of a step's kernels: a diagnostic, off unless DFLASH_BLOCK_TRACE=1.
+"""Per-block timestamps of a step's kernels: a diagnostic, off unless the `block_trace` knob is on (tuning.py).
 
 With it on, every traced launch (the CUDA GEMM, then built with -DTRACE=1; the attention split and merge; the
 add + norm; the q/k norm + RoPE) gets a buffer of its own, one record per block: %globaltimer at the block's start,
@@ -10,13 +10,14 @@ against the end of the kernel before. Off, the kernels compile without it and no
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-ON = os.environ.get("DFLASH_BLOCK_TRACE", "0") == "1"
+from .. import tuning
+
+ON = tuning.KNOBS.block_trace  # at import: it decides how the kernels are built
 FIELDS = 5  # start, after the wait, end (ns), SM, block index
 _launches: list[tuple[str, torch.Tensor]] = []  # (kind, records [blocks, FIELDS]) in launch order
 _retired: list[torch.Tensor] = []  # buffers `clear` dropped: a captured graph may still write them on replay

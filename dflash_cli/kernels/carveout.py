@@ -5,9 +5,7 @@ L1, an attention split of 70-112 KB the largest shared part. An SM changes its s
 and under programmatic dependent launch it never drains, so the kernels after such a split ran with its small L1,
 and a kernel launched early could only land on the SMs that had drained. With one preference for all (CARVEOUT
 percent of the most shared memory an SM has: 43 is 100 KB, leaving 156 KB of L1), the attention can launch early
-(kernels/attention.py, LONG_CHAIN). H100 graph replays (benchmarks/2026-11-25-h100/session36/): the preference
-alone leaves the decode step as it was (3.108 against 3.111-3.115 ms); 28 (64 KB) was slower everywhere, 57 (132 KB)
-slower for the 16-row verify. DFLASH_CARVEOUT=-1: the driver's choice, as before.
+(kernels/attention.py). Measurements: docs/TUNING.md.
 `apply` sets it on every kernel compiled so far; graphs call it after their warm-up, before the capture.
 """
 
@@ -15,18 +13,9 @@ from __future__ import annotations
 
 import ctypes
 
-from ..errors import DflashError
-from ..tuning import env_number
-
-
-def percentage(value: int) -> int:
-    """value as a carveout preference: 0 to 100, or -1 (the driver's choice); else a one-line DflashError."""
-    if not -1 <= value <= 100:
-        raise DflashError(f"DFLASH_CARVEOUT={value}: must be a percentage from 0 to 100, or -1 (the driver's choice)")
-    return value
-
-
-CARVEOUT = percentage(env_number("DFLASH_CARVEOUT", 43, int))
+# Percent of an SM's unified L1 / shared memory given to shared memory, the same for every kernel of a step: two
+# 39 KB attention splits an SM fit, and the rest stays L1 for the products' weight loads (docs/TUNING.md).
+CARVEOUT = 43
 _PREFERRED = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 _done: set[int] = set()
 
@@ -52,14 +41,12 @@ def _handles():
 
 
 def apply() -> None:
-    """Set CARVEOUT on every kernel loaded so far (once each); nothing where it is negative."""
-    if CARVEOUT < 0:
-        return
+    """Set CARVEOUT on every kernel loaded so far (once each)."""
     from .cubin import driver
 
     for handle in _handles():
         if handle not in _done:
             code = driver().cuFuncSetAttribute(ctypes.c_void_p(handle), _PREFERRED, CARVEOUT)
             if code != 0:
-                raise RuntimeError(f"DFLASH_CARVEOUT={CARVEOUT}: cuFuncSetAttribute failed with CUDA error {code}")
+                raise RuntimeError(f"carveout {CARVEOUT}%: cuFuncSetAttribute failed with CUDA error {code}")
             _done.add(handle)

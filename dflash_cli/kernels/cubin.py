@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from .. import tuning
+
 # The sources live in the checkout's csrc/ (the README installs editable); a wheel without them keeps the
 # kernels' fallbacks.
 CSRC = Path(__file__).resolve().parents[3] / "csrc"
@@ -53,7 +55,7 @@ def build(src: Path, arch: str, flags: list[str]) -> bytes:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256(src.read_bytes() + arch.encode() + version.encode() + " ".join(flags).encode())
     key = key.hexdigest()[:16]
-    cache = Path(os.environ.get("DFLASH_KERNEL_CACHE", Path.home() / ".cache" / "dflash" / "kernels"))
+    cache = tuning.KNOBS.kernel_cache
     cubin = cache / f"{src.stem}-{arch}-{key}.cubin"
     if not cubin.is_file():
         cache.mkdir(parents=True, exist_ok=True)
@@ -73,12 +75,11 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def load(name: str, device: torch.device, arch: Callable[[int, int], str], flags_env: str, what: str,
+def load(name: str, device: torch.device, arch: Callable[[int, int], str], what: str,
          make: Callable[[torch.device, bytes], Module] | None = None, flags: tuple[str, ...] = ()) -> Module | str:
     """csrc/`name` loaded on `device` (once per device), or why it cannot be (a str starting with `what`).
     arch(major, minor): the target (e.g. sm_90a), or RuntimeError where this GPU cannot run the kernel;
-    flags_env: the environment variable with extra nvcc flags (comparisons); make: the Module subclass to build;
-    flags: nvcc flags of the caller's own, before the environment's."""
+    make: the Module subclass to build; flags: the caller's nvcc flags."""
     key = (name, _index(device))
     if key not in _loaded:
         try:
@@ -87,9 +88,8 @@ def load(name: str, device: torch.device, arch: Callable[[int, int], str], flags
             src = source(name)
             if src is None:
                 raise RuntimeError(f"csrc/{name} not found")
-            every = [*flags, *os.environ.get(flags_env, "").split()]
             with torch.cuda.device(key[1]):
-                _loaded[key] = (make or Module)(torch.device("cuda", key[1]), build(src, target, every))
+                _loaded[key] = (make or Module)(torch.device("cuda", key[1]), build(src, target, list(flags)))
         except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
             _loaded[key] = f"{what} unavailable: {exc}"
     return _loaded[key]

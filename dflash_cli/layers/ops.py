@@ -7,15 +7,14 @@ the model code.
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
-from ..tuning import env_number
+from .. import tuning
 
-_kernels = None  # the Triton module once imported, False where unavailable or disabled (DFLASH_KERNELS=0)
+_kernels = None  # the Triton module once imported, False where unavailable or disabled (the `kernels` knob)
 
 
 def fast_kernels(x: torch.Tensor):
@@ -32,7 +31,7 @@ def _triton_on(x: torch.Tensor):
         return None
     if _kernels is None:
         try:
-            if os.environ.get("DFLASH_KERNELS", "1") == "0":
+            if not tuning.KNOBS.kernels:
                 raise ImportError("disabled")
             from ..kernels import elementwise as _kernels_module
 
@@ -127,22 +126,17 @@ def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-# The layers' norms and residual adds inside the CUDA GEMM (`linear`'s norm and residual); 0: their own kernels.
-_NORMS_FUSED = os.environ.get("DFLASH_NORMS_FUSED", "1") != "0"
-# Steps of at least this many rows run all of them inside the products (a DFlash verify, 16 rows). H100 graph
-# replays with every step fused (benchmarks/2026-11-23-h100/session8/folded_norms/): verify 16 rows -75 us, 8 rows
-# +50, decode -18; at one row it came out even three times since (gate/up streams slower with its norm inside).
-_NORMS_FUSED_MIN_ROWS = env_number("DFLASH_NORMS_FUSED_MIN_ROWS", 9, int)
+# Steps of at least this many rows run every norm and residual add inside the products (a DFlash verify, 16 rows):
+# at 8 rows that lost, and gate/up streams slower with its norm inside (docs/TUNING.md).
+_NORMS_FUSED_MIN_ROWS = 9
 # Fewer rows, from this many, run the qkv product's norm and the down product's residual add inside them, and keep
-# the add + norm kernel before gate/up (`fuses_mlp_norm`). H100 graph replays, two rounds
-# (benchmarks/2026-11-25-h100/session33/), all in kernels -> these two inside: decode 3.155 -> 3.123 ms, verify 8
-# rows 3.345 -> 3.313, decode at ctx 8192 3.600 -> 3.559; verify 16 rows and the DFlash draft unchanged.
-_QKV_NORM_MIN_ROWS = min(env_number("DFLASH_QKV_NORM_MIN_ROWS", 1, int), _NORMS_FUSED_MIN_ROWS)
+# the add + norm kernel before gate/up (`fuses_mlp_norm`): that won at every row count (docs/TUNING.md).
+_QKV_NORM_MIN_ROWS = 1
 
 
 def _fusable(norm, residual, x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the CUDA GEMM (which takes x and weight) can fold this norm or residual add in."""
-    if not _NORMS_FUSED or (norm is not None and residual is not None):
+    if norm is not None and residual is not None:
         return False
     return (residual is None or (residual.shape == (x.shape[0], weight.shape[0]) and residual.dtype == x.dtype
                                  and residual.is_contiguous()))
@@ -151,10 +145,10 @@ def _fusable(norm, residual, x: torch.Tensor, weight: torch.Tensor) -> bool:
 def folds_norms(device, dtype: torch.dtype) -> bool:
     """Whether a model loaded on this device in this dtype should fold its layers' norm weights into the products
     after them (models/decoder.fold_norms): where the CUDA GEMM is available, its products then run the norms and
-    the residual adds of a step's few rows inside them (`fuses_norms`). DFLASH_NORMS_FUSED=0: never."""
+    the residual adds of a step's few rows inside them (`fuses_norms`)."""
     device = torch.device(device)
-    if not (_NORMS_FUSED and _GEMM == "auto" and dtype == torch.bfloat16 and device.type == "cuda"
-            and os.environ.get("DFLASH_KERNELS", "1") != "0" and _kernels is not False):
+    if not (tuning.KNOBS.gemm == "auto" and dtype == torch.bfloat16 and device.type == "cuda"
+            and tuning.KNOBS.kernels and _kernels is not False):
         return False
     return bool(_load_cuda_gemm(device))
 
@@ -163,26 +157,16 @@ def fuses_norms(h: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether products of rows like h with weights like `weight` (a layer's) run in the CUDA GEMM with the
     norm before them and the residual add after them inside (`linear`'s norm and residual): a model then
     skips the fused add + norm kernels between its products (all of them where `fuses_mlp_norm`)."""
-    return (_NORMS_FUSED and h.shape[0] >= _QKV_NORM_MIN_ROWS and _GEMM == "auto" and weight.shape[0] < VOCAB_ROWS
+    return (h.shape[0] >= _QKV_NORM_MIN_ROWS and tuning.KNOBS.gemm == "auto" and weight.shape[0] < VOCAB_ROWS
             and _skinny(h, weight) and _cuda_gemm_for(h, weight) is not None)
-
-
-# One row (a decode step): the products that write the residual stream (o, down) also leave the partial sums of
-# squares of what they wrote, and the products that normalise it (gate/up; with 2, qkv too) take the norm's scale
-# from them (csrc/skinny_gemm.cu, SQUARES / SCALE): the add + norm kernel before gate/up goes. 0: that kernel stays.
-_NORM_SQUARES = env_number("DFLASH_NORM_SQUARES", 2, int)
 
 
 def fuses_squares(h: torch.Tensor) -> bool:
     """Whether steps of h's rows (where `fuses_norms` and not `fuses_mlp_norm`; the caller checks) hand the norm's
-    squares from o to gate/up (`linear_squares`) instead of keeping the add + norm kernel before gate/up."""
-    return _NORM_SQUARES > 0 and h.shape[0] == 1
-
-
-def fuses_qkv_squares(h: torch.Tensor) -> bool:
-    """Where `fuses_squares`: whether down hands them to the next layer's qkv too (DFLASH_NORM_SQUARES=1: qkv sums
-    x's squares itself)."""
-    return fuses_squares(h) and _NORM_SQUARES >= 2
+    partial sums of squares from the products that write the residual stream (o, down) to those that normalise it
+    (gate/up, the next layer's qkv: `linear_squares`; csrc/skinny_gemm.cu, SQUARES / SCALE), instead of keeping the
+    add + norm kernel before gate/up: one row, a decode step."""
+    return h.shape[0] == 1
 
 
 def fuses_mlp_norm(h: torch.Tensor) -> bool:
@@ -191,12 +175,8 @@ def fuses_mlp_norm(h: torch.Tensor) -> bool:
     return h.shape[0] >= _NORMS_FUSED_MIN_ROWS
 
 
-# Bytes of the next weight warmed into L2 after a product (0: off). H100 graph replays, every product warming the
-# next one (benchmarks/2026-11-23-h100/session4/): decode 3.466 ms with none, 3.419 with 2 MB, 3.386 with 4, 3.388
-# with 6, 3.41 with 8 and 3.62 with 16; verify-16 3.727 -> 3.639 and ctx 8192 decode 3.877 -> 3.862 with 4 MB.
-# Warming only the o projection during attention (12-24 MB) was slower than none (over long windows the attention's
-# split warms o instead: _SPLIT_WARM_BYTES).
-_WARM_BYTES = int(env_number("DFLASH_L2_WARM_MB", 4.0, float) * (1 << 20))
+# Bytes of the next weight warmed into L2 after a product: 4 MB was the fastest of 0-16 MB (docs/TUNING.md).
+_WARM_BYTES = 4 << 20
 
 
 def warm_ranges(then) -> tuple:
@@ -217,12 +197,9 @@ def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return linear(x, weight).float()
 
 
-_GEMM = os.environ.get("DFLASH_GEMM", "auto")  # auto | cublas | triton (comparisons)
-# Rows up to which auto uses the CUDA kernel (all a skinny product has). From 9 rows it runs with fewer warps per
-# tile and deeper unrolling (cuda_gemm.plan): per product it matches cuBLAS, and in a step's graph it overlaps its
-# neighbours (programmatic dependent launch). H100 graph replays (benchmarks/2026-11-23-h100/session3/m16_swiglu/):
-# verify of 16 rows 3.96 ms against 4.21 with cuBLAS above 8 rows, DFlash draft 0.798 vs 0.825 ms.
-_GEMM_MAX_M = env_number("DFLASH_GEMM_MAX_M", 16, int)
+# Rows up to which the `auto` GEMM is the CUDA kernel (all a skinny product has): from 9 rows it matches cuBLAS per
+# product and, in a step's graph, overlaps its neighbours (docs/TUNING.md).
+_GEMM_MAX_M = 16
 _cuda_gemm = None  # csrc/skinny_gemm.cu once built, False where unavailable
 VOCAB_ROWS = 32768  # weights this tall are vocabulary heads
 
@@ -235,7 +212,7 @@ def fast_gemm(x: torch.Tensor, w: torch.Tensor):
     boundaries (programmatic dependent launch), which cuBLAS cannot, on the per-layer matrices."""
     if not _skinny(x, w):
         return None
-    if _GEMM == "triton" or w.shape[0] >= VOCAB_ROWS:
+    if tuning.KNOBS.gemm == "triton" or w.shape[0] >= VOCAB_ROWS:
         from ..kernels.skinny_gemm import skinny_linear
 
         return skinny_linear
@@ -245,7 +222,7 @@ def fast_gemm(x: torch.Tensor, w: torch.Tensor):
 
 def _skinny(x: torch.Tensor, w: torch.Tensor) -> bool:
     """A bf16 CUDA product of at most 16 rows that a skinny GEMM may take."""
-    return (_GEMM != "cublas" and x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= 16
+    return (tuning.KNOBS.gemm != "cublas" and x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= 16
             and w.dtype == x.dtype and _kernels is not False and x.is_contiguous() and w.is_contiguous())
 
 
@@ -269,15 +246,12 @@ def _load_cuda_gemm(device: torch.device):
     return _cuda_gemm
 
 
-_SWIGLU_FUSED = os.environ.get("DFLASH_SWIGLU_FUSED", "1") != "0"
-
-
 def swiglu(x: torch.Tensor, gate_up: torch.Tensor, then=None, norm: float | None = None,
            squares: torch.Tensor | None = None) -> torch.Tensor:
     """An MLP's first half: silu(x @ gate^T) * (x @ up^T) with gate_up = [gate; up] ([2I, H]) -> [T, I].
     Where the CUDA GEMM takes the product, the activation runs in its epilogue (no kernel of its own).
     then, norm, squares: as in `linear`."""
-    if (_SWIGLU_FUSED and _GEMM == "auto" and gate_up.shape[0] < VOCAB_ROWS and _skinny(x, gate_up)
+    if (tuning.KNOBS.gemm == "auto" and gate_up.shape[0] < VOCAB_ROWS and _skinny(x, gate_up)
             and _cuda_gemm_for(x, gate_up) is not None):
         return _on_cuda_gemm(x, gate_up, then, norm, swiglu=True, squares=squares)
     return silu_mul(linear(x, gate_up, then=then, norm=norm))
@@ -383,11 +357,8 @@ def attend_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_c
 # Bytes of the weight read after an attention (the o projection) that a decode row's split programs ask into L2 once
 # their keys are in, where the product before the attention did not warm its first rows (long windows: the qkv
 # product warms the keys instead, models/decoder.KV_WARM_WINDOW). Requests made after the keys' do not delay them.
-# H100 graph replays, decode at ctx 8192, ms (benchmarks/2026-11-25-h100/session38/long_warm.log), off 3.410/3.402,
-# 4 MB 3.391/3.390, 8 MB 3.385/3.384, 12 MB 3.406/3.406, 20 MB 3.463/3.459; at ctx 16384 4.018 -> 4.021 (8 MB).
-# Where qkv warms o's first 4 MB (ctx 1024), warming the next 4-16 MB from the split lost at every size (decode
-# 3.110 -> 3.130-3.189, warm.log), and so did 16-row spans at ctx 16384 (verify 16 rows 4.865 -> 4.903).
-_SPLIT_WARM_BYTES = int(env_number("DFLASH_SPLIT_WARM_MB", 8.0, float) * (1 << 20))
+# 8 MB was the fastest of 0-20 MB (docs/TUNING.md).
+_SPLIT_WARM_BYTES = 8 << 20
 
 
 def split_warm(then):

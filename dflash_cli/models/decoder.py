@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..layers import ops
-from ..tuning import env_number
+from ..layers.fusion import Fusion, Residual, plan
 from ..loading.config import Qwen3Config
 
 
@@ -86,17 +86,9 @@ def mlp_rows(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(layer.gate_up.chunk(2))
 
 
-# Windows of more keys than this warm the layer's first cached keys and values into L2 from the qkv product
-# (the L2 warm-up's 4 MB: 1024 positions of Qwen3-4B's keys and values) instead of the o projection's rows. H100
-# graph replays, ms, o's rows -> keys and values (benchmarks/2026-11-25-h100/kv_warm/): decode at ctx 8192 (window
-# 8448) 3.680/3.683 -> 3.638/3.636, verify 8 rows there 3.826/3.832 -> 3.790/3.787, decode at ctx 16384 4.245/4.251
-# -> 4.219/4.217; bench at ctx 8192 plain 3.67 -> 3.63 ms a token, DFlash 1121 -> 1133 tok/s. Shorter windows lose:
-# verify 8 rows at ctx 4096 (window 4352) 3.567/3.568 -> 3.601/3.592, decode at ctx 2048 (window 4096) 3.232 ->
-# 3.242, at ctx 1024 3.160 -> 3.190. 8 or 16 MB of keys, or warming them from the previous layer's down product,
-# did no better. The threshold is on the window, which a graph fixes, not on the keys a step sees: a session sized
-# for more than 8192 positions reads contexts of 4097-8192 keys in a window of 8192, warmed, where about 4100 keys
-# may cost what they cost at ctx 4096. DFLASH_KV_WARM_WINDOW sets the threshold.
-KV_WARM_WINDOW = env_number("DFLASH_KV_WARM_WINDOW", 6144, int)
+# Windows of more keys than this warm the layer's first cached keys and values into L2 from the qkv product instead
+# of the o projection's first rows: it won at ctx 8192 and lost at ctx 4096 and shorter (docs/TUNING.md).
+KV_WARM_WINDOW = 6144
 
 
 def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, span, scale: float,
@@ -104,48 +96,29 @@ def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, sp
     """The layers over the residual stream h [T, hidden] (the embeddings) -> (h after the last layer, its
     rms_norm by final_norm or None, {i: h after layer i - 1 for i in capture}; 0 is h itself).
     read_after: the weight read after the layers (the GPU warms its first rows into L2)."""
-    eps = cfg.rms_norm_eps
-    captured = {0: h} if 0 in capture else {}
+    fusion = plan(h, layers[0].qkv, layers[0].norms_folded, cfg.rms_norm_eps)
+    s = Residual(h)
+    captured = {0: s} if 0 in capture else {}
     # Each product names the weight read after it (`then`): the GPU warms that weight's first rows into L2.
     reads_next = [layer.qkv for layer in layers[1:]] + [read_after]
-    if layers[0].norms_folded and ops.fuses_norms(h, layers[0].qkv):
-        # Each norm runs inside the product after it, each residual add inside the product before it; with fewer
-        # rows the norm before gate/up keeps its add + norm kernel (see ops._QKV_NORM_MIN_ROWS), except at one row,
-        # where o and down hand the norm's sums of squares to the products after them (ops.linear_squares).
-        mlp_fused, squares, qkv_squares = ops.fuses_mlp_norm(h), ops.fuses_squares(h), ops.fuses_qkv_squares(h)
-        sq = None  # the partial squares of h from the product that wrote it
-        for i, layer in enumerate(layers):
-            attn = self_attention(layer, h, cfg, span, i, scale, norm=eps, squares=sq if qkv_squares else None)
-            if mlp_fused:
-                h = ops.linear(attn, layer.o, then=mlp_rows(layer), residual=h)
-                act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps)
-            elif squares:
-                h, sq = ops.linear_squares(attn, layer.o, h, then=mlp_rows(layer))
-                act = ops.swiglu(h, layer.gate_up, then=layer.down, norm=eps, squares=sq)
-            else:
-                h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
-                act = ops.swiglu(x, layer.gate_up, then=layer.down)
-            if qkv_squares:
-                h, sq = ops.linear_squares(act, layer.down, h, then=reads_next[i])
-            else:
-                h = ops.linear(act, layer.down, then=reads_next[i], residual=h)
-            if i + 1 in capture:
-                captured[i + 1] = h
-        return h, None if final_norm is None else ops.rms_norm(h, final_norm, eps), captured
-    # Each residual add is fused with the norm that follows it (the next layer's, or the final one).
-    x = ops.rms_norm(h, layers[0].input_norm, eps)
-    norms = [layer.input_norm for layer in layers[1:]] + [final_norm]
     for i, layer in enumerate(layers):
-        attn = self_attention(layer, x, cfg, span, i, scale)
-        h, x = ops.add_rms_norm(h, ops.linear(attn, layer.o, then=mlp_rows(layer)), layer.post_norm, eps)
-        mlp = ops.linear(ops.swiglu(x, layer.gate_up, then=layer.down), layer.down, then=reads_next[i])
-        if norms[i] is None:
-            h, x = h + mlp, None
-        else:
-            h, x = ops.add_rms_norm(h, mlp, norms[i], eps)
+        s = decoder_layer(layer, s, fusion, cfg, span, i, scale, reads_next[i])
         if i + 1 in capture:
-            captured[i + 1] = h
-    return h, x, captured
+            captured[i + 1] = s  # complete once the next layer has read it
+    x = fusion.final(s, final_norm)
+    return s.h, x, {i: r.settle() for i, r in captured.items()}
+
+
+def decoder_layer(layer: DecoderLayer, s: Residual, fusion: Fusion, cfg: Qwen3Config, span, index: int, scale: float,
+                  then) -> Residual:
+    """h + Attention(RMSNorm(h)), then h + MLP(RMSNorm(h)): MLP(x) = down(silu(gate x) * up x). `fusion` places each
+    norm and add (layers/fusion.py); `then`: the weight read after this layer."""
+    x, kw = fusion.read(s, layer.input_norm)
+    attn = self_attention(layer, x, cfg, span, index, scale, **kw)
+    s = fusion.add(s, attn, layer.o, fusion.attention_out, then=mlp_rows(layer))
+    x, kw = fusion.read(s, layer.post_norm)
+    act = ops.swiglu(x, layer.gate_up, then=layer.down, **kw)
+    return fusion.add(s, act, layer.down, fusion.mlp_out, then=then)
 
 
 def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span, index: int,

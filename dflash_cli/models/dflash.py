@@ -10,15 +10,11 @@ are cached across steps; only newly committed tokens' rows are appended.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from ..layers import ops
-from ..runtime.graphs import stage_step, upload
-from ..layers.kv_cache import KVCache
-from ..layers.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
@@ -27,8 +23,6 @@ from .decoder import DecoderLayer, fold_norms, layer_shapes, project_kv, run_lay
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
-# The layers' norms folded into the products where the target's are (ops.folds_norms); 0: kept as kernels.
-_FOLD = os.environ.get("DFLASH_DRAFTER_FOLD", "1") != "0"
 
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -91,13 +85,10 @@ class DFlashDrafter:
         self.scale = self.cfg.head_dim**-0.5
         # Hidden-state indices as in transformers' `hidden_states` (layer i's output is i+1).
         self.capture = tuple(i + 1 for i in c.target_layer_ids)
-        self.cache: KVCache | None = None
-        self.graphs = self.fast = self.fast_absorb = None
         self.ctx_kv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # stacked k/v rows, made on first use
         self.ctx_k_norms: torch.Tensor | None = None
-        self.ctx_len = 0
         self.norms_folded = False
-        if fold and _FOLD and ops.folds_norms(self.device, self.dtype):  # as the target's: the GPU's products run
+        if fold and ops.folds_norms(self.device, self.dtype):  # as the target's: the GPU's products run
             self._fold_norms()  # the norms
 
     def _fold_norms(self) -> None:
@@ -137,51 +128,6 @@ class DFlashDrafter:
     def block_size(self) -> int:
         return self.c.block_size
 
-    def reset(self, max_len: int, path: str = "eager") -> None:
-        """(Re)allocate the context cache for a session of `max_len` positions.
-
-        The block's own rows are written past the context, so the cache holds one block more.
-        path "graphs"/"static": the draft forward runs on device-held positions (see runtime/graphs.py).
-        """
-        m = self.cfg
-        rows = max_len + self.block_size
-        if self.cache is None or self.cache.max_len < rows:
-            self.cache = KVCache.allocate(m.num_hidden_layers, rows, m.num_key_value_heads, m.head_dim,
-                                          self.dtype, self.device)
-            self.cos, self.sin = ops.rope_tables(m.head_dim, m.rope_theta, rows, self.device)
-            self.graphs = None
-        use = path == "graphs"
-        # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
-        if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
-            from ..runtime.graphs import Graphs
-
-            def fn(ids, positions, window):
-                span = StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False)
-                return self._block_logits(ids, span)
-
-            def absorb(hidden, positions, window):
-                span = StaticSpan(self.cache, positions, window, self.cos, self.sin)
-                self.context_rows(hidden, span, stacked=True)
-
-            self.graphs = (Graphs(fn, self.device, self.cache.max_len, use),
-                           Graphs(absorb, self.device, self.cache.max_len, use))
-        self.fast, self.fast_absorb = self.graphs if path in ("graphs", "static") else (None, None)
-        self.ctx_len = 0
-
-    def rollback(self, length: int) -> None:
-        self.ctx_len = min(self.ctx_len, length)
-
-    def absorb(self, hidden: torch.Tensor, start: int) -> None:
-        """Append context rows for target positions [start, start+n) (their captured hidden states)."""
-        if start != self.ctx_len:
-            raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
-        n = hidden.shape[0]
-        if self.fast_absorb is not None and n <= self.block_size:  # per-step commits; prompts run eagerly
-            self.fast_absorb(hidden, start)
-        else:
-            self.context_rows(hidden, Span(self.cache, start, n, self.cos, self.sin))
-        self.ctx_len = start + n
-
     def context_rows(self, hidden: torch.Tensor, span, stacked: bool = False) -> None:
         """Project target states into each layer's context keys/values and write them through `span`.
 
@@ -205,39 +151,7 @@ class DFlashDrafter:
         kv = kv.view(hidden.shape[0], len(self.layers), 2, m.num_key_value_heads, m.head_dim)
         span.write_layers(kv[:, :, 0], kv[:, :, 1], self.ctx_k_norms, m.rms_norm_eps)
 
-    def draft_after(self, hidden: torch.Tensor, start: int, accepted: torch.Tensor, bonus: torch.Tensor,
-                    n_draft: int) -> torch.Tensor:
-        """The next proposal, queued before the host knows how this verify ended (fast paths only).
-
-        Absorbs every verified row [start, start + len(hidden)): the rejected ones are overwritten by the
-        block and by later absorbs. Then drafts n_draft positions after `bonus`, which sits at
-        start + accepted + 1 (`accepted` and `bonus` are device scalars). `commit` names the context length
-        once the host knows it; until then the context counts as ending at `start`."""
-        if start != self.ctx_len:
-            raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
-        m = hidden.shape[0]
-        self.fast_absorb(hidden, start)
-        mask = self.c.mask_token_id
-
-        def block(ids, positions):  # [bonus, masks...] at start + accepted + 1, ...: one kernel
-            stage_step(ids, bonus.reshape(1), positions, start + 1, offset=accepted, fill=mask)
-
-        # The block's last row lies at most at start + m + n_draft: the window is sized for that.
-        return self.fast.staged(n_draft + 1, start, block, end=start + m + n_draft + 1)
-
-    def commit(self, length: int) -> None:
-        """The context now ends at `length` (after draft_after: start + accepted + 1)."""
-        self.ctx_len = length
-
-    def draft_logits(self, last: int, n_draft: int) -> torch.Tensor:
-        """Logits [n_draft, V] for the positions after `last`, which sits at position ctx_len."""
-        block = [last] + [self.c.mask_token_id] * n_draft
-        if self.fast is not None:
-            return self.fast(block, self.ctx_len)
-        span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
-        return self._block_logits(upload(block, self.device), span)
-
-    def _block_logits(self, block: torch.Tensor, span) -> torch.Tensor:
+    def block_logits(self, block: torch.Tensor, span) -> torch.Tensor:
         # Row 0 holds the last committed token: only the mask rows after it are drafts.
         return self.normed_logits(self.block_states(block, span, final_norm=True)[1:])
 

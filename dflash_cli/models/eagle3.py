@@ -16,9 +16,6 @@ from pathlib import Path
 import torch
 
 from ..layers import ops
-from ..runtime.graphs import MAX_ROWS, host_ids, upload, window_for
-from ..layers.kv_cache import KVCache
-from ..layers.spans import Span, StaticSpan
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
@@ -63,6 +60,10 @@ class Eagle3Config:
         # Default (EAGLE-3 paper / reference code): inputs of layers 2, L/2 and L-3, i.e. transformers'
         # hidden_states[2], [L//2], [L-3]; explicit ids follow vLLM's convention (input of layer i).
         self.aux_layers = [int(i) for i in (layers or (2, n // 2, n - 3))]
+        # The chain length the drafter was made for, where its config says (speculators: its proposal method's).
+        methods = (raw.get("speculators_config") or {}).get("proposal_methods") or [{}]
+        chain = methods[0].get("speculative_tokens") or raw.get("num_speculative_tokens")
+        self.chain_length = int(chain) if chain else None
         if self.vocab != target.vocab_size or self.target_hidden != target.hidden_size:
             raise DflashError(
                 f"EAGLE-3 drafter {path.parent} was made for a different target: vocabulary {self.vocab} vs "
@@ -130,10 +131,6 @@ class Eagle3Drafter:
         self.scale = c.head_dim**-0.5
         # Hidden-state indices as in transformers' `hidden_states`: the input of layer i is index i.
         self.capture = tuple(c.aux_layers)
-        self.cache: KVCache | None = None
-        self.graphs = self.fast = None
-        self.fused: torch.Tensor | None = None  # fc-projected target states by position
-        self.rows = 0  # drafter rows (positions) whose KV is valid
 
     @classmethod
     def load(cls, path: Path, target) -> "Eagle3Drafter":
@@ -158,94 +155,13 @@ class Eagle3Drafter:
                                ignore_prefixes=("midlayer.self_attn.rotary_emb",))
         return cls(c, tensors, target, str(path))
 
-    # -- state -----------------------------------------------------------------------------
-    def reset(self, max_len: int, path: str = "eager") -> None:
-        c = self.c
-        rows = max_len + 64  # chained rows run past the committed end
-        if self.cache is None or self.cache.max_len < rows:
-            self.cache = KVCache.allocate(1, rows, c.kv_heads, c.head_dim, self.dtype, self.device)
-            self.fused = torch.zeros(rows, c.hidden, dtype=self.dtype, device=self.device)
-            self.cos, self.sin = ops.rope_tables(c.head_dim, c.rope_theta, rows, self.device)
-            self.graphs = None
-        use = path == "graphs"
-        # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
-        if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
-            from ..runtime.graphs import Graphs
-
-            self.graphs = (Graphs(self._greedy_chain, self.device, self.cache.max_len, use_graphs=use),
-                           Graphs(self._absorb_rows, self.device, self.cache.max_len, use_graphs=use))
-            self.next_ids = torch.zeros(MAX_ROWS, dtype=torch.long, device=self.device)
-            self.offsets = torch.arange(MAX_ROWS, device=self.device)
-        self.fast, self.fast_absorb = self.graphs if path in ("graphs", "static") else (None, None)
-        self.rows = 0
-        self.committed = 0
-
-    def rollback(self, length: int) -> None:
-        # Row p needs the token at p+1, so rows up to length-2 stay valid.
-        self.committed = min(self.committed, length)
-        self.rows = min(self.rows, max(length - 1, 0))
-
-    def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
-        """Target states for positions [start, start+m) and the tokens at those positions."""
-        if start != self.committed:
-            raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
-        m = hidden.shape[0]
-        if self.fast_absorb is not None and 0 < start and m <= MAX_ROWS:  # per-step commits; prompts run eagerly
-            self._absorb_fast(hidden, start, host_ids(tokens, self.device))
-            self.commit(start + m)
-            return
-        self.fused[start : start + m] = self._fuse(hidden)
-        self.committed = start + m
-        # Rows [start-1, start+m-2]: state at p with the token at p+1 (row start-1 waited for tokens[0]).
-        first = max(start - 1, 0)
-        nxt = upload(tokens[first + 1 - start :], self.device)
-        if nxt.numel():
-            span = Span(self.cache, first, nxt.numel(), self.cos, self.sin)
-            self._rows(span, self.fused[first : first + nxt.numel()], nxt)
-        self.rows = first + nxt.numel()
-
-    def chain_after(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
-                    bonus: torch.Tensor, k: int) -> torch.Tensor:
-        """The next greedy chain, queued before the host knows how this verify ended (fast paths only).
-
-        Absorbs every verified row: target states `hidden` at [start, start + m) with their tokens `ids` (the
-        verify input, on the device). Rows past the accepted ones pair states with rejected tokens: the chain
-        and later absorbs overwrite them, and causal attention hides them from the rows before. Then chains k
-        drafts after `bonus` at start + accepted + 1 (`accepted`, `bonus`: device scalars). `commit` names the
-        committed length once the host knows it; until then the drafter counts as committed to `start`."""
-        if start != self.committed or start < 1:
-            raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
-        m = hidden.shape[0]
-        self._absorb_fast(hidden, start, ids)
-        # The chain's rows sit at committed-1 ... committed+k-2 (committed = start + accepted + 1).
-        positions = self.offsets[:k] + (accepted + start)
-        return self.fast(bonus.view(1), start, k, end=start + m + k, positions=positions)
-
-    def commit(self, length: int) -> None:
-        """The committed length, after chain_after."""
-        self.committed, self.rows = length, length - 1
-
-    def _absorb_fast(self, hidden: torch.Tensor, start: int, ids: torch.Tensor) -> None:
-        """absorb's graph replay (start >= 1): the rows' tokens `ids` staged in next_ids, then `_absorb_rows`."""
-        m = hidden.shape[0]
-        self.next_ids[:m].copy_(ids, non_blocking=True)
-        self.fast_absorb(hidden, start, end=start + m - 1)
-
-    def _fuse(self, hidden: torch.Tensor) -> torch.Tensor:
+    def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target states [m, 3H] -> the drafter's fused states [m, H]."""
         if self.fc_input_norm is not None:
             hidden = ops.rms_norm(hidden, self.fc_input_norm, self.c.eps)
         return ops.linear(hidden, self.fc)
 
-    def _absorb_rows(self, hidden: torch.Tensor, positions: torch.Tensor, window: int) -> None:
-        """absorb on device positions [start, start + m) (start >= 1): fused rows at the positions, drafter
-        rows at start-1 ... start+m-2 fed the tokens staged in next_ids[:m]."""
-        self.fused.index_copy_(0, positions, self._fuse(hidden))
-        rows = positions - 1
-        span = StaticSpan(self.cache, rows, window, self.cos, self.sin)
-        self._rows(span, self.fused.index_select(0, rows), self.next_ids[: positions.shape[0]])
-
-    def _rows(self, span, state: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+    def rows(self, span, state: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """Run the layer on the span's rows (writing their KV); returns pre-norm outputs."""
         c = self.c
         n = state.shape[0]
@@ -267,44 +183,3 @@ class Eagle3Drafter:
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of pre-norm outputs."""
         return ops.logits(ops.rms_norm(out, self.norm, self.c.eps), self.lm_head)
-
-    def chain_step(self, pos: int, state: torch.Tensor, token) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chained row at `pos` fed `token` (an id, or a device tensor of one):
-        returns (draft-vocab logits [Vd], pre-norm output [1, H])."""
-        if self.fast is not None:  # device positions and a window bucket: no attention shape per position
-            where = upload([pos], self.device)
-            span = StaticSpan(self.cache, where, window_for(pos + 1, self.cache.max_len), self.cos, self.sin)
-        else:
-            span = Span(self.cache, pos, 1, self.cos, self.sin)
-        out = self._rows(span, state, upload(token, self.device))
-        return self.logits(out)[0], out
-
-    def first_state(self) -> tuple[int, torch.Tensor]:
-        """Position and state of the first chained row: the latest committed target position."""
-        pos = self.committed - 1
-        return pos, self.fused[pos : pos + 1]
-
-    def greedy_chain(self, last: int, k: int) -> torch.Tensor:
-        """k greedy chained drafts (target ids, [k] on the device) after `last`; the tokens never
-        leave the device (on the fast path: one graph replay)."""
-        if self.fast is not None:  # the chain's rows sit at committed-1 ... committed+k-2
-            return self.fast([last], self.committed, k, end=self.committed + k,
-                             positions=range(self.committed - 1, self.committed - 1 + k))
-        pos, state = self.first_state()
-        token, drafts = last, []
-        for i in range(k):
-            logits, state = self.chain_step(pos + i, state, token)
-            token = self.draft_to_target[logits.argmax(-1, keepdim=True)]
-            drafts.append(token)
-        return torch.cat(drafts)
-
-    def _greedy_chain(self, last: torch.Tensor, positions: torch.Tensor, window: int, k: int) -> torch.Tensor:
-        """The chain on device (positions [k]: its rows'): states and tokens never leave the GPU."""
-        state = self.fused.index_select(0, positions[:1])
-        token, drafts = last, []
-        for i in range(k):
-            span = StaticSpan(self.cache, positions[i : i + 1], window, self.cos, self.sin)
-            state = self._rows(span, state, token)
-            token = self.draft_to_target[ops.argmax_rows(self.logits(state))]
-            drafts.append(token)
-        return torch.cat(drafts)

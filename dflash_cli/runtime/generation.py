@@ -12,6 +12,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from .. import tuning
 from ..errors import DflashError
 from .sampling import SamplingParams, sample
 from .session import Session, elapsed, mark, now, read_later
@@ -48,7 +49,7 @@ class Decoder(Protocol):
 class PlainDecoder:
     """One target forward per token.
 
-    With lookahead (the default on CUDA) a step also queues the next step's forward, fed the token it just
+    Queue-ahead (the default on CUDA: the `queue_ahead` knob) a step also queues the next step's forward, fed the token it just
     sampled on the device, before it waits for that token: the GPU computes token t+1 while the host reads
     token t, streams it and checks the stop conditions. A queued forward nobody asks for (the generation
     stopped) is dropped; the cache row it wrote is the last emitted token's own, written again when that
@@ -56,13 +57,13 @@ class PlainDecoder:
 
     kind = "none"
 
-    def __init__(self, lookahead: bool | None = None):
-        self.lookahead = lookahead  # None: on CUDA (on CPU the queued forward would just run first)
+    def __init__(self, queue_ahead: bool | None = None):
+        self.queue_ahead = queue_ahead  # None: on CUDA, unless the knob is off (on CPU it would just run first)
         # (position, the sampled token as a device tensor, whether it can be read in place) of a queued forward
         self._ahead = None
         # On CUDA the previous step's end mark is this step's start: nothing is queued on the device between them,
-        # and each event recorded between two graphs costs the stream a few µs (benchmarks/2026-11-25-h100/
-        # session38/). (On CPU the marks are wall times, and the host's work between steps is not the step's.)
+        # and each event recorded between two graphs costs the stream a few µs. (On CPU the marks are wall times,
+        # and the host's work between steps is not the step's.)
         self._end = None
 
     def prefill(self, session: Session, ids: list[int]) -> torch.Tensor:
@@ -80,7 +81,7 @@ class PlainDecoder:
         else:
             tok, _ = self._next(session, [last], params, gen)
         self._ahead = None
-        ahead = cuda if self.lookahead is None else self.lookahead
+        ahead = cuda and tuning.KNOBS.queue_ahead if self.queue_ahead is None else self.queue_ahead
         # Queued before the next forward, so reading it waits for this step's token only.
         value = read_later(tok.view(1), after)
         if ahead and budget > 1 and session.length + 1 < session.max_len:

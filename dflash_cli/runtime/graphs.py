@@ -12,7 +12,6 @@ eagerly: that is how its correctness is tested without a GPU.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from dataclasses import dataclass
 
@@ -23,19 +22,11 @@ from ..kernels import carveout
 
 MIN_WINDOW = 256
 MAX_ROWS = 32  # the most rows of a step (decode, verify, draft); longer spans are prefills
-# A prefill of up to PREFILL_MAX_ROWS rows runs as a graph too, padded to a size bucket (`prefill_rows`): the eager
-# forward of a 2048-token prompt took the H100's host 17-34 ms to queue against ~32 ms on the device, so host
-# stalls reached the first token's latency. Longer prompts run eagerly. Each bucket's graph keeps its outputs
-# (the logits row, drafter states: 25.6 KB a row for DFlash on Qwen3-4B): at most PREFILL_GRAPHS are kept
-# (`Graphs.prefill_graphs`; the bench keeps one per prompt).
-# DFLASH_PREFILL_GRAPHS=0: every prefill eager, as before (A/B).
-PREFILL_MAX_ROWS = 4096 if os.environ.get("DFLASH_PREFILL_GRAPHS", "1") != "0" else 0
+# Prompts of up to this many rows are prefilled from graphs too, padded to a size bucket (`prefill_rows`): queueing
+# a 2048-token prompt's eager forward took the host about as long as the device took to run it.
+PREFILL_MAX_ROWS = 4096
 PREFILL_STEP = 256
 PREFILL_GRAPHS = 4
-# Inputs already on the device are staged into a graph's buffers by kernels (a copy, positions from a row count),
-# not by DMA copies (cudaMemcpyAsync): on the H100 the stream idled about 9 us around each small DMA copy between
-# a step's graphs. DFLASH_KERNEL_STAGING=0: DMA copies, as before.
-KERNEL_STAGING = os.environ.get("DFLASH_KERNEL_STAGING", "1") != "0"
 
 
 class Totals:
@@ -61,8 +52,9 @@ def host_ids(ids, device) -> torch.Tensor:
 
 
 def stage(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst[:] = src (same shape) without a wait on the host; device to device as a kernel (KERNEL_STAGING)."""
-    if KERNEL_STAGING and dst.is_cuda and src.device == dst.device and src.dtype == dst.dtype:
+    """dst[:] = src (same shape) without a wait on the host; device to device as a kernel, since the stream idles
+    around each small DMA copy between a step's graphs."""
+    if dst.is_cuda and src.device == dst.device and src.dtype == dst.dtype:
         torch.mul(src, 1, out=dst)  # exact for every value (-0.0 stays -0.0)
     else:
         dst.copy_(src, non_blocking=True)
@@ -72,10 +64,9 @@ def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, st
                fill: int = 0) -> None:
     """ids[:len(src)] = src, the rest of ids = fill, and positions[:] = start (+ offset, a long device scalar such as
     a verdict's count), start + 1, ...: one kernel where the Triton kernels run. Each small kernel between two graphs
-    costs the stream a few µs (benchmarks/2026-11-25-h100/session38/); a DFlash block ([bonus, masks...] after the
-    accepted drafts) took six before (session39/)."""
+    costs the stream a few µs, and a DFlash block ([bonus, masks...] after the accepted drafts) would take six."""
     offset = offset.reshape(1) if offset is not None else None
-    fits = (KERNEL_STAGING and ids.is_cuda and src.device == ids.device == positions.device and src.dim() == 1
+    fits = (ids.is_cuda and src.device == ids.device == positions.device and src.dim() == 1
             and src.dtype == ids.dtype == positions.dtype == torch.long and ids.is_contiguous()
             and positions.is_contiguous()
             and (offset is None or (offset.device == ids.device and offset.dtype == torch.long)))
@@ -181,7 +172,7 @@ class Graphs:
         src = None
         if torch.is_tensor(positions):  # on the device, as ids then are: nothing to stage from the host
             src = positions
-        elif on_host or step is None or not KERNEL_STAGING:
+        elif on_host or step is None:
             pos = list(range(start, start + n)) if positions is None else list(positions)
             # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
             src = host_ids((list(ids) if on_host else []) + pos, self.device)
@@ -258,14 +249,6 @@ class Graphs:
         for key in prefills[: max(0, len(prefills) - self.prefill_graphs + 1)]:
             del self.steps[key]
 
-    def clear(self) -> None:
-        """Drop every captured step (they are rebuilt on next use): for when tensors a capture
-        read in place, such as RoPE tables, have been replaced."""
-        self.steps.clear()
-        self._fed = None
-        if self.use_graphs:  # the private pool went with the dropped graphs: capture into a new one
-            self.pool = torch.cuda.graph_pool_handle()
-
     def _run(self, step: _Captured, key):
         return self.fn(step.ids, step.positions, *key[1:])
 
@@ -336,8 +319,4 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
         out = model.forward_static(ids, positions, cache, window, capture, all_logits)
         return with_verdict(out, ids, accept, feed)
 
-    graphs = Graphs(fn, model.device, cache.max_len, use_graphs, feeds, fed)
-    track = getattr(model, "track_graphs", None)
-    if track is not None:  # the model clears them when it replaces tensors they captured (RoPE tables)
-        track(graphs)
-    return graphs
+    return Graphs(fn, model.device, cache.max_len, use_graphs, feeds, fed)

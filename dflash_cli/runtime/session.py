@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Sequence
 
 import torch
 
 from ..errors import DflashError
-from .graphs import KERNEL_STAGING, MAX_ROWS, padded_prefill, prefill_rows, stage, upload, with_verdict
+from .. import tuning
+from .graphs import MAX_ROWS, padded_prefill, prefill_rows, stage, upload, with_verdict
 
 
 def now(device: torch.device) -> float:
@@ -59,25 +59,21 @@ def read_later(t: torch.Tensor, after=None):
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     main = torch.cuda.current_stream(t.device)
     copied = torch.cuda.Event()
-    if after is not None or KERNEL_STAGING:
-        # Off the step's stream: a side stream brings t back (a DMA copy in the step's stream left it idle about
-        # 9 us before and after, H100), so the stream goes straight on to the next step. Without `after`, t may be
-        # a graph's output, which the next replay overwrites: a kernel first copies it.
-        side = _side_stream(t.device)
-        if after is not None:
-            side.wait_event(after)
-            src = t
-        else:
-            src = torch.empty_like(t)
-            stage(src, t)
-            side.wait_stream(main)
-        src.record_stream(side)  # its memory is not reused before the copy has read it
-        with torch.cuda.stream(side):
-            host.copy_(src, non_blocking=True)
-            copied.record(side)
+    # Off the step's stream: a side stream brings t back (a DMA copy in the step's stream leaves it idle before and
+    # after), so the stream goes straight on to the next step. Without `after`, t may be a graph's output, which the
+    # next replay overwrites: a kernel first copies it.
+    side = _side_stream(t.device)
+    if after is not None:
+        side.wait_event(after)
+        src = t
     else:
-        host.copy_(t, non_blocking=True)
-        copied.record(main)
+        src = torch.empty_like(t)
+        stage(src, t)
+        side.wait_stream(main)
+    src.record_stream(side)  # its memory is not reused before the copy has read it
+    with torch.cuda.stream(side):
+        host.copy_(src, non_blocking=True)
+        copied.record(side)
 
     def read() -> list:
         copied.synchronize()
@@ -95,7 +91,7 @@ class Session:
 
     def __init__(self, model, max_len: int, path: str | None = None):
         """path: "graphs" (CUDA-graph replay of short forwards; the default on CUDA unless
-        DFLASH_GRAPHS=0), "static" (the same device-position forward, run eagerly: tests
+        the `graphs` knob is off), "static" (the same device-position forward, run eagerly: tests
         it on CPU) or "eager" (the default on CPU)."""
         limit = model.cfg.max_position_embeddings
         if max_len > limit:
@@ -105,7 +101,7 @@ class Session:
         self.length = 0
         self.pending: list[int] = []
         if path is None:
-            cuda = model.device.type == "cuda" and os.environ.get("DFLASH_GRAPHS", "1") != "0"
+            cuda = model.device.type == "cuda" and tuning.KNOBS.graphs
             path = "graphs" if cuda else "eager"
         self.path = path
         self.fast = None

@@ -13,43 +13,16 @@ proposal are queued before that wait, so the device goes on while the host reads
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
+from .. import tuning
+from .drafters.base import Drafter
 from .generation import Step
 from .graphs import upload
 from .sampling import SamplingParams, accept_sampled, probabilities
 from .session import Session, mark, read_later
-
-
-class Proposer(Protocol):
-    kind: str
-    capture: tuple[int, ...]  # target hidden-state indices the drafter is conditioned on
-    max_draft: int  # most tokens one proposal can hold
-
-    def reset(self, max_len: int, path: str = "eager") -> None:
-        """Start a session of max_len positions; path is the session's ("eager", "static", "graphs")."""
-
-    def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
-        """Learn committed target positions [start, start+n): their hidden states and token ids."""
-
-    def propose(self, last: int, k: int, params: SamplingParams, gen) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k >= 1 draft tokens following `last` (at the committed end) as a long device tensor [k], and
-        their [k, V] probabilities when sampling. Nothing may wait for the device here."""
-
-    def rollback(self, length: int) -> None: ...
-
-    # Optional, for a proposer that can be queued before the host reads a step's outcome:
-    #   queues_ahead(params) -> bool: whether it can on this path with these params;
-    #   propose_after(hidden, ids, start, accepted, bonus, k, params, gen): absorb every verified row (states
-    #     `hidden`, tokens `ids`, from position `start`) and propose k drafts after `bonus` at
-    #     start + accepted + 1 (`accepted`, `bonus`: device scalars), without waiting;
-    #   commit(length): the committed length, once the host has read it;
-    #   prefix_drafts: True where a shorter proposal's drafts are the first of a longer one's (a chain drafted
-    #     token by token): near max_tokens a queued full-length proposal then serves a step that verifies fewer.
 
 
 @dataclass
@@ -65,16 +38,16 @@ class _Queued:
 
 
 class SpeculativeDecoder:
-    def __init__(self, proposer: Proposer, draft_len: int | None = None):
+    def __init__(self, proposer: Drafter, draft_len: int | None = None):
         self.proposer = proposer
         self.kind = proposer.kind
-        self.draft_len = min(draft_len or proposer.max_draft, proposer.max_draft)
+        self.draft_len = min(draft_len or proposer.default_draft, proposer.max_draft)
         self._max_len = 0
         self._queued: _Queued | None = None
-        # DFLASH_QUEUE_AHEAD=0: absorb and propose only after the read (for A/B timing). Greedy tokens are the
-        # same; a queued draft may use a larger attention window bucket, so bf16 near-ties among drafts can differ.
-        self.queue_ahead = os.environ.get("DFLASH_QUEUE_AHEAD", "1") != "0"
-        self._prefix = getattr(proposer, "prefix_drafts", False)
+        # Off (tuning.queue_ahead): absorb and propose only after the read. Greedy tokens are the same; a queued draft
+        # may use a larger attention window bucket, so bf16 near-ties among drafts can differ.
+        self.queue_ahead = tuning.KNOBS.queue_ahead
+        self._prefix = proposer.prefix_drafts
 
     def _ensure(self, session: Session) -> None:
         if self._max_len != session.max_len or session.length == 0:
@@ -131,8 +104,7 @@ class SpeculativeDecoder:
         never waits for the host between steps. Only where its size is already certain: whatever this step
         accepts, the next asks for draft_len drafts unless max_tokens or the cache end is near. If the
         generation stops instead, the queued work is dropped: it wrote only rows past the committed end."""
-        if not (k and self.queue_ahead and hidden is not None and hasattr(self.proposer, "queues_ahead")
-                and self.proposer.queues_ahead(params)):
+        if not (k and self.queue_ahead and hidden is not None and self.proposer.can_queue_ahead(params)):
             return None
         most = start + k + 1  # the committed length if every draft is accepted
         if session.max_len - most - 1 < self.draft_len:
@@ -142,7 +114,7 @@ class SpeculativeDecoder:
         if budget - (k + 1) < (1 if self._prefix else self.draft_len):
             return None
         t0 = mark(session.device)
-        drafts, q = self.proposer.propose_after(hidden, ids, start, n, bonus, self.draft_len, params, gen)
+        drafts, q = self.proposer.propose_ahead(hidden, ids, start, n, bonus, self.draft_len, params, gen)
         return _Queued(start=-1, k=self.draft_len, head=bonus.view(1), drafts=drafts, q=q,
                        marks=(t0, mark(session.device)))
 

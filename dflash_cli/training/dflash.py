@@ -32,8 +32,6 @@ def build(p: Preset, target, eos_id: int, mask_id: int, seed: int) -> tuple[DFla
     params = make_trainable(drafter, ["fc", "hidden_norm", "norm"])
     for layer in drafter.layers:
         params += layer_trainable(layer)
-    rows = p.context + p.block_size
-    drafter.cos, drafter.sin = ops.rope_tables(c.model.head_dim, c.model.rope_theta, rows, target.device)
     return drafter, params
 
 
@@ -45,7 +43,9 @@ def block_logits(drafter: DFlashDrafter, seqs: torch.Tensor, anchors: torch.Tens
     with torch.no_grad():
         hidden = target.run(seqs.reshape(-1), CausalBatch(b, length, target.cos, target.sin), drafter.capture,
                             False).hidden
-    spans = DFlashBlocks(anchors, length, size, drafter.cos, drafter.sin)
+    m = drafter.cfg
+    cos, sin = ops.rope_tables(m.head_dim, m.rope_theta, length + size, seqs.device)  # a block may pass the end
+    spans = DFlashBlocks(anchors, length, size, cos, sin)
     drafter.context_rows(hidden, spans.ctx)
     block = torch.full((b, anchors.shape[1], size), drafter.c.mask_token_id, dtype=torch.long, device=seqs.device)
     block[:, :, 0] = seqs.gather(1, anchors)

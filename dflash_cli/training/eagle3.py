@@ -45,7 +45,6 @@ def build(p: Preset, target, ids: torch.Tensor, seed: int) -> tuple[Eagle3Drafte
     tensors["d2t"] = ids - torch.arange(len(ids))
     drafter = Eagle3Drafter(c, {k: v.to(target.device) for k, v in tensors.items()}, target)
     params = make_trainable(drafter, FIELDS)
-    drafter.cos, drafter.sin = ops.rope_tables(c.head_dim, c.rope_theta, p.context, target.device)
     return drafter, params
 
 
@@ -61,9 +60,10 @@ def step_logits(drafter: Eagle3Drafter, seqs: torch.Tensor, steps: int):
                             False).hidden
     state = ops.linear(hidden, drafter.fc)
     nxt = seqs[:, 1 : t + 1].reshape(-1)
-    span = Eagle3Steps(b, t, drafter.cos, drafter.sin)
+    c = drafter.c
+    span = Eagle3Steps(b, t, *ops.rope_tables(c.head_dim, c.rope_theta, t, seqs.device))
     for _ in range(steps):
-        out = drafter._rows(span, state, nxt)
+        out = drafter.rows(span, state, nxt)
         yield drafter.logits(out).reshape(b, t, -1)
         # The next step's state at t is this step's output at t-1: the chain moves one position on.
         out = out.reshape(b, t, -1)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dflash_cli.runtime.generation import PlainDecoder, Request, generate
+from dflash_cli.runtime.drafters.base import Drafter
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams
@@ -84,7 +85,7 @@ def test_prefill_graphs_match_eager_bf16():
     assert max(errors) <= 6e-2
 
 
-class Oracle:
+class Oracle(Drafter):
     """The real drafter runs (graphs, caches, rollback); its drafts are replaced by the truth for a random prefix."""
 
     def __init__(self, inner, truth, seed):
@@ -147,6 +148,7 @@ def test_folded_dflash_drafter_matches_unfolded_bf16(monkeypatch):
     plain = random_drafter("qwen3-4b", "dflash", target)
     assert folded.norms_folded and not plain.norms_folded
     hidden = torch.randn(40, len(plain.capture) * plain.cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    plain, folded = DFlashProposer(plain), DFlashProposer(folded)
     for d in (plain, folded):
         d.reset(256, "graphs")
         d.absorb(hidden[:24], 0)  # a prompt (eager)
@@ -154,7 +156,7 @@ def test_folded_dflash_drafter_matches_unfolded_bf16(monkeypatch):
     err = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
     assert err(folded.cache.k[:, :40], plain.cache.k[:, :40]) <= 2e-2
     assert err(folded.cache.v[:, :40], plain.cache.v[:, :40]) <= 2e-2
-    for n in (folded.block_size - 1, 1):
+    for n in (folded.max_draft, 1):
         a, b = folded.draft_logits(7, n), plain.draft_logits(7, n)
         print(f"[folded_dflash] rows {n + 1}: draft logits rel err {err(a, b):.2e}")
         assert err(a, b) <= 3e-2, n

@@ -1,42 +1,104 @@
-"""DFlash proposer: one drafter forward per step fills the whole block."""
+"""The DFlash drafter's runtime: one drafter forward per step fills the whole block, over a cache of context rows
+(the target's states at committed positions) that grows as tokens are committed."""
 
 from __future__ import annotations
 
 import torch
 
-from ...models.dflash import DFlashDrafter
 from ...layers import ops
+from ...layers.kv_cache import KVCache
+from ...layers.spans import Span, StaticSpan
+from ...models.dflash import DFlashDrafter
+from ..graphs import Graphs, stage_step, upload
 from ..sampling import SamplingParams, draw, probabilities
+from .base import Drafter
 
 
-class DFlashProposer:
+class DFlashProposer(Drafter):
     kind = "dflash"
 
-    def __init__(self, drafter: DFlashDrafter):
-        self.drafter = drafter
-        self.capture = drafter.capture
-        self.max_draft = drafter.block_size - 1
+    def __init__(self, model: DFlashDrafter):
+        self.model = model
+        self.capture = model.capture
+        self.max_draft = model.block_size - 1
+        self.cache: KVCache | None = None
+        self.graphs = self.fast = self.fast_absorb = None
+        self.ctx_len = 0  # target positions whose context rows the cache holds
 
     def reset(self, max_len: int, path: str = "eager") -> None:
-        self.drafter.reset(max_len, path)
+        """(Re)allocate the context cache for a session of `max_len` positions: the block's own rows are written past
+        the context, so it holds one block more. path "graphs"/"static": the draft forward and the per-step absorb
+        run on device-held positions (runtime/graphs.py)."""
+        m, cfg = self.model, self.model.cfg
+        rows = max_len + m.block_size
+        if self.cache is None or self.cache.max_len < rows:
+            self.cache = KVCache.allocate(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, cfg.head_dim,
+                                          m.dtype, m.device)
+            self.cos, self.sin = ops.rope_tables(cfg.head_dim, cfg.rope_theta, rows, m.device)
+            self.graphs = None
+        use = path == "graphs"
+        # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
+        if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
+            def draft(ids, positions, window):
+                span = StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False)
+                return m.block_logits(ids, span)
 
-    def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
-        self.drafter.absorb(hidden, start)
+            def absorb(hidden, positions, window):
+                span = StaticSpan(self.cache, positions, window, self.cos, self.sin)
+                m.context_rows(hidden, span, stacked=True)
 
-    def queues_ahead(self, params: SamplingParams) -> bool:
-        """Whether propose_after works: it needs the device-position forward (graphs or static path)."""
-        return self.drafter.fast is not None
+            self.graphs = (Graphs(draft, m.device, self.cache.max_len, use),
+                           Graphs(absorb, m.device, self.cache.max_len, use))
+        self.fast, self.fast_absorb = self.graphs if path in ("graphs", "static") else (None, None)
+        self.ctx_len = 0
+
+    def rollback(self, length: int) -> None:
+        self.ctx_len = min(self.ctx_len, length)
+
+    def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int] | None = None) -> None:
+        """Append context rows for target positions [start, start+n) (their captured hidden states)."""
+        if start != self.ctx_len:
+            raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
+        n = hidden.shape[0]
+        if self.fast_absorb is not None and n <= self.model.block_size:  # per-step commits; prompts run eagerly
+            self.fast_absorb(hidden, start)
+        else:
+            self.model.context_rows(hidden, Span(self.cache, start, n, self.cos, self.sin))
+        self.ctx_len = start + n
+
+    def can_queue_ahead(self, params: SamplingParams) -> bool:
+        return self.fast is not None  # the device-position forward (graphs or static path)
 
     def propose(self, last: int, k: int, params: SamplingParams, gen):
-        return self._drafts(self.drafter.draft_logits(last, k), params, gen)
+        return self._drafts(self.draft_logits(last, k), params, gen)
 
-    def propose_after(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
+    def propose_ahead(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
                       bonus: torch.Tensor, k: int, params: SamplingParams, gen):
-        """absorb + propose of the next step, queued before the host reads this step's outcome."""
-        return self._drafts(self.drafter.draft_after(hidden, start, accepted, bonus, k), params, gen)
+        """Absorbs every verified row [start, start + len(hidden)): the rejected ones are overwritten by the block
+        and by later absorbs. Then drafts k positions after `bonus`; until `commit` the context counts as ending at
+        `start`."""
+        if start != self.ctx_len:
+            raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
+        self.fast_absorb(hidden, start)
+        mask = self.model.c.mask_token_id
+
+        def block(ids, positions):  # [bonus, masks...] at start + accepted + 1, ...: one kernel
+            stage_step(ids, bonus.reshape(1), positions, start + 1, offset=accepted, fill=mask)
+
+        # The block's last row lies at most at start + len(hidden) + k: the window is sized for that.
+        logits = self.fast.staged(k + 1, start, block, end=start + hidden.shape[0] + k + 1)
+        return self._drafts(logits, params, gen)
 
     def commit(self, length: int) -> None:
-        self.drafter.commit(length)
+        self.ctx_len = length
+
+    def draft_logits(self, last: int, n_draft: int) -> torch.Tensor:
+        """Logits [n_draft, V] for the positions after `last`, which sits at position ctx_len."""
+        block = [last] + [self.model.c.mask_token_id] * n_draft
+        if self.fast is not None:
+            return self.fast(block, self.ctx_len)
+        span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
+        return self.model.block_logits(upload(block, self.model.device), span)
 
     @staticmethod
     def _drafts(logits: torch.Tensor, params: SamplingParams, gen):
@@ -44,6 +106,3 @@ class DFlashProposer:
             return ops.argmax_rows(logits), None
         q = probabilities(logits, params)
         return draw(q, gen), q
-
-    def rollback(self, length: int) -> None:
-        self.drafter.rollback(length)

@@ -1,58 +1,173 @@
-"""EAGLE-3 proposer: k chained drafter steps, each feeding its own output state forward."""
+"""The EAGLE-3 drafter's runtime: k chained drafter steps, each feeding its own output state forward, over the
+drafter's one-layer cache and the fc-projected target states it keeps by position."""
 
 from __future__ import annotations
 
 import torch
 
+from ...layers import ops
+from ...layers.kv_cache import KVCache
+from ...layers.spans import Span, StaticSpan
 from ...models.eagle3 import Eagle3Drafter
+from ..graphs import MAX_ROWS, Graphs, host_ids, upload, window_for
 from ..sampling import SamplingParams, draw, probabilities
+from .base import Drafter
 
 MAX_CHAIN = 16  # beyond this a chain's later positions are almost never accepted
+DEFAULT_CHAIN = 7  # a drafter's chain length where neither its config nor the registry names one
 
 
-class Eagle3Proposer:
+class Eagle3Proposer(Drafter):
     kind = "eagle3"
     prefix_drafts = True  # a chain's first k drafts do not depend on how long it runs
 
-    def __init__(self, drafter: Eagle3Drafter):
-        self.drafter = drafter
-        self.capture = drafter.capture
+    def __init__(self, model: Eagle3Drafter):
+        self.model = model
+        self.capture = model.capture
         self.max_draft = MAX_CHAIN
+        self.cache: KVCache | None = None
+        self.graphs = self.fast = self.fast_absorb = None
+        self.fused: torch.Tensor | None = None  # fc-projected target states by position
+        self.rows = 0  # drafter rows (positions) whose KV is valid
+        self.committed = 0
+
+    @property
+    def default_draft(self) -> int:
+        return min(self.model.c.chain_length or DEFAULT_CHAIN, MAX_CHAIN)
 
     def reset(self, max_len: int, path: str = "eager") -> None:
-        self.drafter.reset(max_len, path)
+        m, c = self.model, self.model.c
+        rows = max_len + 64  # chained rows run past the committed end
+        if self.cache is None or self.cache.max_len < rows:
+            self.cache = KVCache.allocate(1, rows, c.kv_heads, c.head_dim, m.dtype, m.device)
+            self.fused = torch.zeros(rows, c.hidden, dtype=m.dtype, device=m.device)
+            self.cos, self.sin = ops.rope_tables(c.head_dim, c.rope_theta, rows, m.device)
+            self.graphs = None
+        use = path == "graphs"
+        # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
+        if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
+            self.graphs = (Graphs(self._greedy_chain, m.device, self.cache.max_len, use_graphs=use),
+                           Graphs(self._absorb_rows, m.device, self.cache.max_len, use_graphs=use))
+            self.next_ids = torch.zeros(MAX_ROWS, dtype=torch.long, device=m.device)
+            self.offsets = torch.arange(MAX_ROWS, device=m.device)
+        self.fast, self.fast_absorb = self.graphs if path in ("graphs", "static") else (None, None)
+        self.rows = 0
+        self.committed = 0
+
+    def rollback(self, length: int) -> None:
+        # Row p needs the token at p+1, so rows up to length-2 stay valid.
+        self.committed = min(self.committed, length)
+        self.rows = min(self.rows, max(length - 1, 0))
 
     def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
-        self.drafter.absorb(hidden, start, tokens)
+        """Target states for positions [start, start+m) and the tokens at those positions."""
+        if start != self.committed:
+            raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
+        m = hidden.shape[0]
+        if self.fast_absorb is not None and 0 < start and m <= MAX_ROWS:  # per-step commits; prompts run eagerly
+            self._absorb_fast(hidden, start, host_ids(tokens, self.model.device))
+            self.commit(start + m)
+            return
+        self.fused[start : start + m] = self.model.fuse(hidden)
+        self.committed = start + m
+        # Rows [start-1, start+m-2]: state at p with the token at p+1 (row start-1 waited for tokens[0]).
+        first = max(start - 1, 0)
+        nxt = upload(tokens[first + 1 - start :], self.model.device)
+        if nxt.numel():
+            span = Span(self.cache, first, nxt.numel(), self.cos, self.sin)
+            self.model.rows(span, self.fused[first : first + nxt.numel()], nxt)
+        self.rows = first + nxt.numel()
 
-    def queues_ahead(self, params: SamplingParams) -> bool:
-        """propose_after needs the device-position chain (graphs or static path), which is greedy."""
-        return self.drafter.fast is not None and params.greedy
+    def can_queue_ahead(self, params: SamplingParams) -> bool:
+        return self.fast is not None and params.greedy  # the device-position chain, which is greedy
 
-    def propose_after(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
+    def propose_ahead(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
                       bonus: torch.Tensor, k: int, params: SamplingParams, gen):
-        """absorb + propose of the next step, queued before the host reads this step's outcome."""
-        return self.drafter.chain_after(hidden, ids, start, accepted, bonus, k), None
+        """Absorbs every verified row: target states `hidden` at [start, start + m) with their tokens `ids` (the
+        verify input, on the device). Rows past the accepted ones pair states with rejected tokens: the chain and
+        later absorbs overwrite them, and causal attention hides them from the rows before. Then chains k drafts
+        after `bonus`; until `commit` the drafter counts as committed to `start`."""
+        if start != self.committed or start < 1:
+            raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
+        m = hidden.shape[0]
+        self._absorb_fast(hidden, start, ids)
+        # The chain's rows sit at committed-1 ... committed+k-2 (committed = start + accepted + 1).
+        positions = self.offsets[:k] + (accepted + start)
+        return self.fast(bonus.view(1), start, k, end=start + m + k, positions=positions), None
 
     def commit(self, length: int) -> None:
-        self.drafter.commit(length)
+        self.committed, self.rows = length, length - 1
 
     def propose(self, last: int, k: int, params: SamplingParams, gen):
-        d = self.drafter
         if params.greedy:
-            return d.greedy_chain(last, k), None
-        pos, state = d.first_state()
+            return self.greedy_chain(last, k), None
+        m = self.model
+        pos, state = self.first_state()
         token, drafts, rows = last, [], []
         for _ in range(k):
-            logits, state = d.chain_step(pos, state, token)
+            logits, state = self.chain_step(pos, state, token)
             # The draft head covers a subset of the vocabulary: q is zero elsewhere.
-            q = logits.new_zeros(d.c.vocab)
-            q[d.draft_to_target] = probabilities(logits, params)
+            q = logits.new_zeros(m.c.vocab)
+            q[m.draft_to_target] = probabilities(logits, params)
             rows.append(q)
             token = draw(q, gen).view(1)  # stays on the device for the next chained step
             drafts.append(token)
             pos += 1
         return torch.cat(drafts), torch.stack(rows)
 
-    def rollback(self, length: int) -> None:
-        self.drafter.rollback(length)
+    def _absorb_fast(self, hidden: torch.Tensor, start: int, ids: torch.Tensor) -> None:
+        """absorb's graph replay (start >= 1): the rows' tokens `ids` staged in next_ids, then `_absorb_rows`."""
+        m = hidden.shape[0]
+        self.next_ids[:m].copy_(ids, non_blocking=True)
+        self.fast_absorb(hidden, start, end=start + m - 1)
+
+    def _absorb_rows(self, hidden: torch.Tensor, positions: torch.Tensor, window: int) -> None:
+        """absorb on device positions [start, start + m) (start >= 1): fused rows at the positions, drafter rows at
+        start-1 ... start+m-2 fed the tokens staged in next_ids[:m]."""
+        self.fused.index_copy_(0, positions, self.model.fuse(hidden))
+        rows = positions - 1
+        span = StaticSpan(self.cache, rows, window, self.cos, self.sin)
+        self.model.rows(span, self.fused.index_select(0, rows), self.next_ids[: positions.shape[0]])
+
+    def chain_step(self, pos: int, state: torch.Tensor, token) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chained row at `pos` fed `token` (an id, or a device tensor of one):
+        returns (draft-vocab logits [Vd], pre-norm output [1, H])."""
+        m = self.model
+        if self.fast is not None:  # device positions and a window bucket: no attention shape per position
+            where = upload([pos], m.device)
+            span = StaticSpan(self.cache, where, window_for(pos + 1, self.cache.max_len), self.cos, self.sin)
+        else:
+            span = Span(self.cache, pos, 1, self.cos, self.sin)
+        out = m.rows(span, state, upload(token, m.device))
+        return m.logits(out)[0], out
+
+    def first_state(self) -> tuple[int, torch.Tensor]:
+        """Position and state of the first chained row: the latest committed target position."""
+        pos = self.committed - 1
+        return pos, self.fused[pos : pos + 1]
+
+    def greedy_chain(self, last: int, k: int) -> torch.Tensor:
+        """k greedy chained drafts (target ids, [k] on the device) after `last`; the tokens never leave the device
+        (on the fast path: one graph replay)."""
+        if self.fast is not None:  # the chain's rows sit at committed-1 ... committed+k-2
+            return self.fast([last], self.committed, k, end=self.committed + k,
+                             positions=range(self.committed - 1, self.committed - 1 + k))
+        pos, state = self.first_state()
+        token, drafts = last, []
+        for i in range(k):
+            logits, state = self.chain_step(pos + i, state, token)
+            token = self.model.draft_to_target[logits.argmax(-1, keepdim=True)]
+            drafts.append(token)
+        return torch.cat(drafts)
+
+    def _greedy_chain(self, last: torch.Tensor, positions: torch.Tensor, window: int, k: int) -> torch.Tensor:
+        """The chain on device (positions [k]: its rows'): states and tokens never leave the GPU."""
+        m = self.model
+        state = self.fused.index_select(0, positions[:1])
+        token, drafts = last, []
+        for i in range(k):
+            span = StaticSpan(self.cache, positions[i : i + 1], window, self.cos, self.sin)
+            state = m.rows(span, state, token)
+            token = m.draft_to_target[ops.argmax_rows(m.logits(state))]
+            drafts.append(token)
+        return torch.cat(drafts)

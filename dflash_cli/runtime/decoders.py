@@ -1,0 +1,37 @@
+"""From a --draft value to a step decoder: none, a registry kind, or a drafter folder / Hub repo."""
+
+from __future__ import annotations
+
+from ..errors import DflashError
+from ..registry import DRAFT_KINDS, Source
+from .drafters import LOADERS, detect_kind
+from .generation import PlainDecoder
+from .speculative import SpeculativeDecoder
+
+
+def default_draft(entry) -> str:
+    return "dflash" if "dflash" in entry.drafters else "none"
+
+
+def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
+    """The decoder for --draft (default: the entry's DFlash drafter, else plain decoding)."""
+    draft = draft or default_draft(bundle.entry)
+    if draft == "none":
+        return PlainDecoder()
+    if draft in DRAFT_KINDS:
+        src = bundle.entry.drafters.get(draft)
+        if src is None:
+            raise DflashError(f"model '{bundle.entry.name}' has no {draft} drafter in the registry: "
+                              f"pass --draft PATH_OR_REPO, or --draft none")
+    else:
+        src = Source(draft)
+    path = src.path()
+    kind = detect_kind(path)
+    if draft in DRAFT_KINDS and kind != draft:
+        raise DflashError(f"the registry's {draft} drafter {src.ref} is a {kind} checkpoint")
+    if draft_len is not None and draft_len < 1:
+        raise DflashError(f"--draft-len must be >= 1 (got {draft_len})")
+    proposer = LOADERS[kind](path, bundle.load_model())
+    if draft_len is None and draft == "eagle3":
+        draft_len = bundle.entry.draft_len  # the registry's chain length; DFlash's block is fixed by its checkpoint
+    return SpeculativeDecoder(proposer, draft_len)
