@@ -1,6 +1,6 @@
 """GPU: the hand GEMM's layer products at 1 and 16 rows, 4 launches each, to profile under Nsight Compute, e.g.
 `ncu --section MemoryWorkloadAnalysis -k regex:"skinny|tile16" python benchmarks/gemm_ncu.py` (random Qwen3-4B
-shapes; read the last launch of each group of 4, as benchmarks/2026-11-25-h100/gemm16/ncu.txt was made). Where a 16-row product loses to a 1-row one of the same weight:
+shapes; read the last launch of each group of 4, as the record in git history was made (commit ad746c8, benchmarks/2026-11-25-h100/gemm16/ncu.txt)). Where a 16-row product loses to a 1-row one of the same weight:
 the L2-to-SM traffic of x (every block reads all of it), L1 hits, occupancy, stalls.
 Env: NCU_SHAPES (names from gemm_bench.SHAPES), NCU_MS (rows)."""
 

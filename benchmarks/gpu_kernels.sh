@@ -17,7 +17,7 @@ MODES=${MODES:-dflash,none} timeout 150 python benchmarks/step_timeline.py 2>&1 
 [ -n "$GEMM_TABLE" ] && timeout 120 python benchmarks/gemm_bench.py --ms 1,8,16 --json "$OUT/gemm.json"
 . "$(dirname "$0")/bench_fn.sh"
 # The first bench process of a call measured EAGLE-3 lower than later ones (700-782 vs 770-890 tok/s, same
-# build, 2026-11-23-h100/): it runs twice and the second is the one to read.
+# build; records in commit ad746c8:benchmarks/2026-11-23-h100/): it runs twice and the second is the one to read.
 bench ctx1024_first 1024 dflash,eagle3 128
 bench ctx1024 1024 dflash,eagle3 128
 [ -n "$BASELINE" ] && bench ctx1024_cublas_nopdl 1024 dflash,eagle3 128 DFLASH_GEMM=cublas DFLASH_PDL=0

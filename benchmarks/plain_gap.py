@@ -17,7 +17,6 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.plain_overhead import NEW, walls  # noqa: E402
 from benchmarks.step_profile import plain_session, replay_ms  # noqa: E402
 from benchmarks.step_timeline import groups  # noqa: E402
 from dflash_cli.engine import graphs as graphs_module  # noqa: E402
@@ -26,6 +25,18 @@ from dflash_cli.engine.sampling import SamplingParams  # noqa: E402
 from dflash_cli.engine.session import mark, read_later  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "8192"))
+NEW = 128
+
+
+def walls(session, prompt: list[int], runs: int = 5) -> list[float]:
+    """Sorted wall ms per step of `runs` generations (after one that captures)."""
+    out = []
+    for i in range(runs + 1):
+        session.reset()
+        res = generate(session, PlainDecoder(), Request(prompt, SamplingParams(), NEW))
+        if i:
+            out.append(res.decode_s / len(res.steps) * 1000)
+    return sorted(out)
 
 
 def spans_and_gaps(prof, trim: int = 2) -> tuple[list[float], list[float]]:
