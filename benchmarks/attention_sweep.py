@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemm_bench import graph_time  # noqa: E402
 
-from dflash_cli.engine import ops  # noqa: E402
-from dflash_cli.engine.kernels import attention  # noqa: E402
+from dflash_cli.layers import ops  # noqa: E402
+from dflash_cli.kernels import attention  # noqa: E402
 
 LAYERS, H, KV, D = 36, 32, 8, 128
 LENGTHS = [int(x) for x in os.environ.get("LENGTHS", "1100,8300").split(",")]

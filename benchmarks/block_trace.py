@@ -1,4 +1,4 @@
-"""GPU: a step's kernels block by block, from %globaltimer records (engine/kernels/block_trace.py).
+"""GPU: a step's kernels block by block, from %globaltimer records (kernels/block_trace.py).
 
 Runs the traced build (DFLASH_BLOCK_TRACE=1, set here: the CUDA GEMM is built with -DTRACE=1), captures the decode graph
 at CTX and 8*CTX and the 16-row verify at CTX, replays each once with its record buffers zeroed, and prints, per
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.step_profile import prefilled_graphs  # noqa: E402
-from dflash_cli.engine.kernels import block_trace  # noqa: E402
+from dflash_cli.kernels import block_trace  # noqa: E402
 from dflash_cli.synthetic import random_qwen3  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "1024"))

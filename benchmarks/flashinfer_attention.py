@@ -16,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dflash_cli.engine.kernels import attention  # noqa: E402
+from dflash_cli.kernels import attention  # noqa: E402
 
 LAYERS, H, KV, D = 36, 32, 8, 128
 

@@ -16,8 +16,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dflash_cli.engine.kernels import cuda_gemm  # noqa: E402
-from dflash_cli.engine.kernels.skinny_gemm import skinny_linear as triton_linear  # noqa: E402
+from dflash_cli.kernels import cuda_gemm  # noqa: E402
+from dflash_cli.kernels.skinny_gemm import skinny_linear as triton_linear  # noqa: E402
 
 SHAPES = {  # name: (N, K)
     "qkv": (6144, 2560), "o": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728),
@@ -62,7 +62,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--json")
-    ap.add_argument("--plans", help="with --tune: write the fastest plan per product here (DFLASH_GEMM_PLANS)")
+    ap.add_argument("--plans", help="with --tune: write the fastest plan per product here (to compare with cuda_gemm.plan)")
     ap.add_argument("--ms", default="1,8,16")
     ap.add_argument("--fused", action="store_true", help="only the layer products, each plain and with its fusion")
     args = ap.parse_args()

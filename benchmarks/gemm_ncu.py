@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemm_bench import SHAPES  # noqa: E402
 
-from dflash_cli.engine.kernels import cuda_gemm  # noqa: E402
+from dflash_cli.kernels import cuda_gemm  # noqa: E402
 
 NAMES = os.environ.get("NCU_SHAPES", "gate_up down").split()
 MS = [int(m) for m in os.environ.get("NCU_MS", "1,16").split(",")]

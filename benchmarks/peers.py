@@ -17,11 +17,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dflash_cli.engine.generation import PlainDecoder, Request, generate  # noqa: E402
-from dflash_cli.engine.proposers.dflash import DFlashProposer  # noqa: E402
-from dflash_cli.engine.sampling import SamplingParams  # noqa: E402
-from dflash_cli.engine.session import Session  # noqa: E402
-from dflash_cli.engine.speculative import SpeculativeDecoder  # noqa: E402
+from dflash_cli.runtime.generation import PlainDecoder, Request, generate  # noqa: E402
+from dflash_cli.runtime.drafters.dflash import DFlashProposer  # noqa: E402
+from dflash_cli.runtime.sampling import SamplingParams  # noqa: E402
+from dflash_cli.runtime.session import Session  # noqa: E402
+from dflash_cli.runtime.speculative import SpeculativeDecoder  # noqa: E402
 from dflash_cli.models.dflash import DFlashConfig, DFlashDrafter, checkpoint_shapes as draft_shapes  # noqa: E402
 from dflash_cli.models.qwen3 import Qwen3Model, checkpoint_shapes  # noqa: E402
 from dflash_cli.synthetic import qwen3_config, random_tensors, shipped_configs  # noqa: E402

@@ -19,10 +19,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.step_profile import plain_session, replay_ms  # noqa: E402
 from benchmarks.step_timeline import groups  # noqa: E402
-from dflash_cli.engine import graphs as graphs_module  # noqa: E402
-from dflash_cli.engine.generation import PlainDecoder, Request, generate  # noqa: E402
-from dflash_cli.engine.sampling import SamplingParams  # noqa: E402
-from dflash_cli.engine.session import mark, read_later  # noqa: E402
+from dflash_cli.runtime import graphs as graphs_module  # noqa: E402
+from dflash_cli.runtime.generation import PlainDecoder, Request, generate  # noqa: E402
+from dflash_cli.runtime.sampling import SamplingParams  # noqa: E402
+from dflash_cli.runtime.session import mark, read_later  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "8192"))
 NEW = 128

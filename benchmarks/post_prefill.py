@@ -18,8 +18,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.plain_gap import spans_and_gaps  # noqa: E402
 from benchmarks.step_profile import plain_session  # noqa: E402
-from dflash_cli.engine.generation import PlainDecoder, Request, generate  # noqa: E402
-from dflash_cli.engine.sampling import SamplingParams  # noqa: E402
+from dflash_cli.runtime.generation import PlainDecoder, Request, generate  # noqa: E402
+from dflash_cli.runtime.sampling import SamplingParams  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "8192"))
 NEW = 128

@@ -14,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dflash_cli.engine.graphs import target_graphs  # noqa: E402
+from dflash_cli.runtime.graphs import target_graphs  # noqa: E402
 from dflash_cli.synthetic import random_drafter, random_qwen3  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "1024"))
@@ -23,8 +23,8 @@ CTX = int(os.environ.get("CTX", "1024"))
 def print_resources():
     """RESOURCES=1: shared memory, registers and warps of every Triton kernel compiled so far (which kernels can
     share an SM with a GEMM block, and under which L1/shared split)."""
-    from dflash_cli.engine.kernels import attention, elementwise, greedy
-    from dflash_cli.engine.kernels.carveout import compiled
+    from dflash_cli.kernels import attention, elementwise, greedy
+    from dflash_cli.kernels.carveout import compiled
 
     for name, kernel in compiled((attention, elementwise, greedy)):
         md = kernel.metadata
@@ -120,7 +120,7 @@ def forced_decoder(model, proposer, tau=6.0, new=128):
 def plain_session(new: int, ctx: int | None = None):
     """(session, prompt) of the plain-generation scripts: the random Qwen3-4B-shaped target (bf16, seed 0) on CUDA,
     a graphs session sized for the ctx-token (default CTX) prompt plus `new` tokens, and that prompt."""
-    from dflash_cli.engine.session import Session
+    from dflash_cli.runtime.session import Session
 
     torch.manual_seed(0)
     ctx = ctx or CTX
@@ -131,9 +131,9 @@ def plain_session(new: int, ctx: int | None = None):
 def generation_runner(model, decoder, new=128):
     """A callable running one greedy generation of `new` tokens after the CTX-token prompt through the real
     driver, on graphs (the first call captures)."""
-    from dflash_cli.engine.generation import Request, generate
-    from dflash_cli.engine.sampling import SamplingParams
-    from dflash_cli.engine.session import Session
+    from dflash_cli.runtime.generation import Request, generate
+    from dflash_cli.runtime.sampling import SamplingParams
+    from dflash_cli.runtime.session import Session
 
     prompt = prompt_and_sequence(new)[0]
     session = Session(model, CTX + new + 64, "graphs")
@@ -208,29 +208,28 @@ def main():
     print(f"graph replay: decode at ctx {8 * CTX}: {replay_ms(lambda: graphs([5], 8 * CTX, (), False, True)):.3f} ms, "
           f"verify 8 rows {replay_ms(lambda: graphs(list(range(8)), 8 * CTX, drafter.capture, True, True)):.3f} ms, "
           f"verify 16 rows {replay_ms(lambda: graphs(list(range(16)), 8 * CTX, drafter.capture, True, True)):.3f} ms")
-    drafter.reset(CTX + 256, "graphs")
-    drafter.absorb(out.hidden, 0)
-    draft = lambda: drafter.draft_logits(5, 15)  # noqa: E731
+    from dflash_cli.runtime.drafters.dflash import DFlashProposer
+
+    run = DFlashProposer(drafter)
+    run.reset(CTX + 256, "graphs")
+    run.absorb(out.hidden, 0)
+    draft = lambda: run.draft_logits(5, 15)  # noqa: E731
     print(f"graph replay: DFlash draft {replay_ms(draft):.3f} ms")
     if os.environ.get("RESOURCES") == "1":
         print_resources()
     if os.environ.get("STEPS_ONLY") == "1":  # A/B runs of the step's work outside the graphs
-        from dflash_cli.engine.proposers.dflash import DFlashProposer
-
         step_walls(model, forced_decoder(model, DFlashProposer(drafter)), "DFlash steps (graphs, forced tau 6.0)")
     if os.environ.get("REPLAYS_ONLY") == "1":  # A/B runs of a switch: the replays are the figures
         return
     profile(lambda: static([5], CTX, (), False), 5, "decode step (eager static)")
     profile(lambda: static(list(range(16)), CTX, drafter.capture, True), 5, "verify 16 rows (eager static)")
-    drafter.reset(CTX + 256, "static")
-    drafter.absorb(out.hidden, 0)
+    run.reset(CTX + 256, "static")
+    run.absorb(out.hidden, 0)
     profile(draft, 5, "DFlash draft (eager static)")
-    from dflash_cli.engine.generation import PlainDecoder
+    from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+    from dflash_cli.runtime.generation import PlainDecoder
 
-    from dflash_cli.engine.proposers.dflash import DFlashProposer
-    from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
-
-    decode_steps(model, PlainDecoder(), "plain steps (graphs, lookahead)")
+    decode_steps(model, PlainDecoder(), "plain steps (graphs, queue-ahead)")
     spec_steps(model, DFlashProposer(drafter), "DFlash")
     spec_steps(model, Eagle3Proposer(random_drafter("qwen3-4b", "eagle3", model)), "EAGLE-3")
 

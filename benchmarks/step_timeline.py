@@ -22,9 +22,9 @@ NEW = 128
 
 def runner(model, kind):
     """A callable running one generation of NEW tokens after a CTX-token prompt, as the bench does."""
-    from dflash_cli.engine.generation import PlainDecoder
-    from dflash_cli.engine.proposers.dflash import DFlashProposer
-    from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
+    from dflash_cli.runtime.generation import PlainDecoder
+    from dflash_cli.runtime.drafters.dflash import DFlashProposer
+    from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 
     if kind == "none":
         decoder = PlainDecoder()

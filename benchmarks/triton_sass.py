@@ -21,7 +21,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dflash_cli.engine.kernels import attention, elementwise  # noqa: E402
+from dflash_cli.kernels import attention, elementwise  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 TARGET = GPUTarget("cuda", 90, 32)
