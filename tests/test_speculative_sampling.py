@@ -204,6 +204,106 @@ def test_accept_sampled_disjoint_q_always_rejects():
 
 
 # ---------------------------------------------------------------------------------------------
+# 1b. accept_sampled with a one-hot q (draft_probs None): what the proposers ship, drafts = the drafter's argmax
+
+
+def run_accept_onehot(p: torch.Tensor, drafts: torch.Tensor, trials: int, seed: int):
+    """accept_sampled on fixed drafts [k] with q one-hot at them; accepted counts [T] and emitted lists."""
+    k, v = drafts.shape[0], p.shape[1]
+    g = torch.Generator().manual_seed(seed)
+    accepted, emitted = [], []
+    for _ in range(trials):
+        n, bonus = (int(x) for x in accept_sampled(drafts, None, p, g))
+        assert 0 <= n <= k and 0 <= bonus < v
+        accepted.append(n)
+        emitted.append(drafts[:n].tolist() + [bonus])
+    return torch.tensor(accepted), emitted
+
+
+def check_onehot_distribution(p, drafts, accepted, emitted, label):
+    k, v = drafts.shape[0], p.shape[1]
+    # Draft i is accepted with probability p_i(draft i): the count follows the products.
+    acc = p[torch.arange(k), drafts].double()
+    reach = torch.cat([torch.ones(1, dtype=torch.float64), acc.cumprod(0)])  # P(n >= i)
+    p_n = reach - torch.cat([reach[1:], torch.zeros(1, dtype=torch.float64)])
+    if (p_n > 0).sum() > 1:
+        assert_fits(torch.bincount(accepted, minlength=k + 1), p_n, f"{label}: accepted count")
+    else:
+        assert (accepted == int(p_n.argmax())).all()
+    for i in range(k + 1):
+        # After a rejection at i (n == i < k): p_i with the draft removed, renormalised; after k acceptances, p_k.
+        after = torch.tensor([e[i] for e, n in zip(emitted, accepted.tolist()) if n == i], dtype=torch.long)
+        if i < k:
+            expected = p[i].clone()
+            expected[drafts[i]] = 0
+        else:
+            expected = p[k]
+        if len(after) >= 200:
+            assert_fits(torch.bincount(after, minlength=v), expected, f"{label}: token {i} after a rejection there")
+        elif len(after):
+            assert bool((expected[after] > 0).all()), f"{label}: token {i} of probability 0"
+        # Token i's marginal, among steps that got that far, is still p_i: the speculative step is lossless.
+        toks = torch.tensor([e[i] for e in emitted if len(e) > i], dtype=torch.long)
+        if len(toks) >= 200:
+            assert_fits(torch.bincount(toks, minlength=v), p[i], f"{label}: emitted token {i}")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_accept_onehot_acceptance_is_p_of_the_draft(seed):
+    g = torch.Generator().manual_seed(200 + seed)
+    v, k = 6, 3
+    p = rows(g, k + 1, v, scale=1.0)
+    drafts = torch.tensor([int(p[0].argmax()), int(p[1].argmin()), int(p[2].argsort()[v // 2])])  # likely to rare
+    accepted, emitted = run_accept_onehot(p, drafts, 20000, seed)
+    check_onehot_distribution(p, drafts, accepted, emitted, "one-hot")
+    assert 0 < (accepted == 0).float().mean() < 0.9 and (accepted >= 2).any()
+
+
+def test_accept_onehot_certain_and_impossible_drafts():
+    """q(x) = 1 with p(x) = 1: always accepted (the residual, all zero, is never drawn from); a draft the target
+    cut (top-k/top-p: p(x) = 0): always rejected, and the residual is p itself."""
+    g = torch.Generator().manual_seed(11)
+    v = 6
+    p = rows(g, 3, v)
+    p[0] = 0
+    p[0, 4] = 1  # the target is certain of the first draft
+    p[1, 2] = 0
+    p[1] /= p[1].sum()  # and excludes the second
+    accepted, emitted = run_accept_onehot(p, torch.tensor([4, 2]), 6000, 6)
+    assert (accepted == 1).all()
+    assert all(e[0] == 4 and e[1] != 2 for e in emitted)
+    assert_fits(torch.bincount(torch.tensor([e[1] for e in emitted]), minlength=v), p[1], "impossible draft")
+
+
+def test_accept_with_no_drafts_draws_from_the_first_row():
+    """k = 0 (a step at the end of the cache): nothing to accept, the token comes from p[0]; q None or empty."""
+    g = torch.Generator().manual_seed(12)
+    v = 6
+    p = rows(g, 1, v)
+    none = torch.zeros(0, dtype=torch.long)
+    for q in (None, torch.zeros(0, v)):
+        gen = torch.Generator().manual_seed(7)
+        out = [accept_sampled(none, q, p, gen) for _ in range(6000)]
+        assert all(int(n) == 0 for n, _ in out)
+        assert_fits(torch.bincount(torch.tensor([int(b) for _, b in out]), minlength=v), p[0], "k = 0")
+
+
+def test_onehot_none_is_the_materialised_onehot_q():
+    """q None gives exactly what the general rule gives with q materialised one-hot at the drafts, draw for draw:
+    the same seed consumes the generator alike (k uniforms, then one draw), so it gives the same tokens."""
+    g = torch.Generator().manual_seed(13)
+    v, k = 7, 4
+    for trial in range(300):
+        p = rows(g, k + 1, v, scale=0.7)
+        drafts = torch.multinomial(torch.ones(v), k, replacement=True, generator=g)
+        onehot = torch.nn.functional.one_hot(drafts, v).float()
+        a, b = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
+        got = [int(x) for x in accept_sampled(drafts, None, p, a)]
+        assert got == [int(x) for x in accept_sampled(drafts, onehot, p, b)]
+        assert torch.equal(a.get_state(), b.get_state())
+
+
+# ---------------------------------------------------------------------------------------------
 # 2. end to end: the first tokens of generate() with a drafter, against the exact target probabilities
 
 VOCAB = 8
@@ -268,6 +368,7 @@ def test_speculative_sampling_matches_the_target_distribution(models, config):
     joint = exact_joint(target, params)
     counts = torch.zeros_like(joint)
     accepted = drafted = 0
+    drafts_after = {}  # the first token -> the speculative step's drafts
     for seed in range(runs):
         p = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
         res = generate(Session(target, 16), decoder, Request(PROMPT, p, max_tokens=3))
@@ -276,6 +377,8 @@ def test_speculative_sampling_matches_the_target_distribution(models, config):
         counts[tuple(res.tokens)] += 1
         first = res.steps[0]
         assert len(first.draft) == min(draft_len, 2)  # k = min(draft length, tokens left)
+        # The shipped drafts are the drafter's argmax (q one-hot): fixed by the context, whatever the seed.
+        assert drafts_after.setdefault(res.tokens[0], first.draft) == first.draft
         accepted += first.accepted
         drafted += len(first.draft)
     # Drafts are accepted and rejected: both branches of the rejection sampler are exercised.
@@ -294,3 +397,38 @@ def test_speculative_sampling_matches_the_target_distribution(models, config):
         p2 = joint.sum((0, 2))
         assert float(p2[outside].sum()) > 0.2
         assert abs(float(counts.sum((0, 2))[outside].sum()) / runs - float(p2[outside].sum())) < 0.06
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the same seed, the same text
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_the_same_seed_gives_the_same_text(models, kind):
+    """Run to run, with fresh sessions and decoders: the same tokens, drafts and acceptances; other seeds differ."""
+    target, dflash, eagle = models
+
+    def run(seed):
+        proposer = DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle)
+        res = generate(Session(target, 64), SpeculativeDecoder(proposer, 3),
+                       Request(PROMPT, SamplingParams(temperature=1.0, top_k=6, seed=seed), max_tokens=24))
+        return res.tokens, [(s.draft, s.accepted) for s in res.steps]
+
+    first = run(3)
+    assert run(3) == first
+    assert any(0 < a < len(d) for d, a in first[1])  # some step both accepted and rejected
+    assert len({tuple(run(seed)[0]) for seed in range(4)}) > 1
+
+
+@pytest.mark.parametrize("draft", ["dflash", "eagle3"])
+def test_the_same_seed_gives_the_same_text_on_the_demo(cli, draft):
+    def tokens(seed):
+        r = cli("generate", "--model", "demo", "--prompt", "def fibonacci(n):", "--draft", draft, "--temperature", "0.6",
+                "--top-p", "0.95", "--top-k", "20", "--seed", seed, "--max-tokens", "40", "--json")
+        assert r.code == 0, r.err
+        res = json.loads(r.out)
+        assert res["stats"]["draft_kind"] == draft
+        return res["tokens"]
+
+    first = tokens(7)
+    assert len(first) == 40 and tokens(7) == first
