@@ -6,11 +6,14 @@ chi-square distribution (computed from torch.special.gammainc, no scipy).
 
 1. accept_sampled on fixed rows: the first emitted token follows p[0]; given that i drafts were
    accepted, the next emitted token follows p[i]; the number accepted follows the product of the
-   overlaps sum(min(p, q)); q == p always accepts, q disjoint from p always rejects.
+   overlaps sum(min(p, q)); q == p always accepts, q disjoint from p always rejects. With a one-hot q
+   (a draft proposed as the drafter's argmax): draft i is accepted with probability p_i(draft), and after a
+   rejection the token follows p_i with the draft removed; a certain draft (p = 1) always passes; k = 0.
 2. End to end on a target with an 8-token vocabulary: the joint distribution of the first three
    generated tokens (the last two from a speculative step) with a DFlash and an EAGLE-3 drafter,
    at temperature 1 and with top-k/top-p, equals the plain sampler's exact one. The EAGLE-3 draft
    vocabulary covers half the tokens, so q is zero where the target has mass.
+3. The same seed gives the same text, run to run (tiny pair and the demo through the CLI).
 """
 
 from __future__ import annotations
@@ -204,16 +207,20 @@ def test_accept_sampled_disjoint_q_always_rejects():
 
 
 # ---------------------------------------------------------------------------------------------
-# 1b. accept_sampled with a one-hot q (draft_probs None): what the proposers ship, drafts = the drafter's argmax
+# 1b. accept_sampled with a one-hot q: drafts proposed as the drafter's argmax (certain drafts). The engine's
+# proposers sample their drafts (benchmarks/sampled_acceptance.py: argmax drafts accepted less on the demo pair);
+# that benchmark verifies argmax drafts this way, so the rule it relies on is exact: accept with probability
+# p(draft); at a rejection draw from p with the draft removed.
 
 
 def run_accept_onehot(p: torch.Tensor, drafts: torch.Tensor, trials: int, seed: int):
     """accept_sampled on fixed drafts [k] with q one-hot at them; accepted counts [T] and emitted lists."""
     k, v = drafts.shape[0], p.shape[1]
+    q = torch.nn.functional.one_hot(drafts, v).float()
     g = torch.Generator().manual_seed(seed)
     accepted, emitted = [], []
     for _ in range(trials):
-        n, bonus = (int(x) for x in accept_sampled(drafts, None, p, g))
+        n, bonus = (int(x) for x in accept_sampled(drafts, q, p, g))
         assert 0 <= n <= k and 0 <= bonus < v
         accepted.append(n)
         emitted.append(drafts[:n].tolist() + [bonus])
@@ -276,31 +283,15 @@ def test_accept_onehot_certain_and_impossible_drafts():
 
 
 def test_accept_with_no_drafts_draws_from_the_first_row():
-    """k = 0 (a step at the end of the cache): nothing to accept, the token comes from p[0]; q None or empty."""
+    """k = 0 (a step at the end of the cache): nothing to accept, the token comes from p[0]."""
     g = torch.Generator().manual_seed(12)
     v = 6
     p = rows(g, 1, v)
     none = torch.zeros(0, dtype=torch.long)
-    for q in (None, torch.zeros(0, v)):
-        gen = torch.Generator().manual_seed(7)
-        out = [accept_sampled(none, q, p, gen) for _ in range(6000)]
-        assert all(int(n) == 0 for n, _ in out)
-        assert_fits(torch.bincount(torch.tensor([int(b) for _, b in out]), minlength=v), p[0], "k = 0")
-
-
-def test_onehot_none_is_the_materialised_onehot_q():
-    """q None gives exactly what the general rule gives with q materialised one-hot at the drafts, draw for draw:
-    the same seed consumes the generator alike (k uniforms, then one draw), so it gives the same tokens."""
-    g = torch.Generator().manual_seed(13)
-    v, k = 7, 4
-    for trial in range(300):
-        p = rows(g, k + 1, v, scale=0.7)
-        drafts = torch.multinomial(torch.ones(v), k, replacement=True, generator=g)
-        onehot = torch.nn.functional.one_hot(drafts, v).float()
-        a, b = torch.Generator().manual_seed(trial), torch.Generator().manual_seed(trial)
-        got = [int(x) for x in accept_sampled(drafts, None, p, a)]
-        assert got == [int(x) for x in accept_sampled(drafts, onehot, p, b)]
-        assert torch.equal(a.get_state(), b.get_state())
+    gen = torch.Generator().manual_seed(7)
+    out = [accept_sampled(none, torch.zeros(0, v), p, gen) for _ in range(6000)]
+    assert all(int(n) == 0 for n, _ in out)
+    assert_fits(torch.bincount(torch.tensor([int(b) for _, b in out]), minlength=v), p[0], "k = 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +359,6 @@ def test_speculative_sampling_matches_the_target_distribution(models, config):
     joint = exact_joint(target, params)
     counts = torch.zeros_like(joint)
     accepted = drafted = 0
-    drafts_after = {}  # the first token -> the speculative step's drafts
     for seed in range(runs):
         p = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
         res = generate(Session(target, 16), decoder, Request(PROMPT, p, max_tokens=3))
@@ -377,8 +367,6 @@ def test_speculative_sampling_matches_the_target_distribution(models, config):
         counts[tuple(res.tokens)] += 1
         first = res.steps[0]
         assert len(first.draft) == min(draft_len, 2)  # k = min(draft length, tokens left)
-        # The shipped drafts are the drafter's argmax (q one-hot): fixed by the context, whatever the seed.
-        assert drafts_after.setdefault(res.tokens[0], first.draft) == first.draft
         accepted += first.accepted
         drafted += len(first.draft)
     # Drafts are accepted and rejected: both branches of the rejection sampler are exercised.
@@ -423,8 +411,8 @@ def test_the_same_seed_gives_the_same_text(models, kind):
 @pytest.mark.parametrize("draft", ["dflash", "eagle3"])
 def test_the_same_seed_gives_the_same_text_on_the_demo(cli, draft):
     def tokens(seed):
-        r = cli("generate", "--model", "demo", "--prompt", "def fibonacci(n):", "--draft", draft, "--temperature", "0.6",
-                "--top-p", "0.95", "--top-k", "20", "--seed", seed, "--max-tokens", "40", "--json")
+        r = cli("generate", "--model", "demo", "--prompt", "def fibonacci(n):", "--draft", draft,
+                "--temperature", "0.6", "--top-p", "0.95", "--top-k", "20", "--seed", seed, "--max-tokens", "40", "--json")
         assert r.code == 0, r.err
         res = json.loads(r.out)
         assert res["stats"]["draft_kind"] == draft

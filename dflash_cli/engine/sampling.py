@@ -74,7 +74,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | 
 
 def accept_sampled(
     drafts: torch.Tensor,
-    draft_probs: torch.Tensor | None,
+    draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     gen: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,31 +83,21 @@ def accept_sampled(
     drafts [k] were drawn from draft_probs [k, V]; target_probs is [k+1, V].
     Accept draft i with probability min(1, p/q); at the first rejection draw from
     normalised max(p - q, 0); if all are accepted draw the bonus from the last row.
-    draft_probs None: each draft is certain, q one-hot at it (the drafter's argmax): accept with
-    probability p(draft); at a rejection draw from p with the draft removed, renormalised.
     Returns (accepted count, the next token) as device scalars, without a host sync.
-    Either way the generator gives k uniforms, then one draw: the same seed, the same tokens.
     """
     k = drafts.shape[0]
     idx = torch.arange(k, device=drafts.device)
     p = target_probs[idx, drafts]
+    q = draft_probs[idx, drafts]
     u = torch.rand(k, generator=gen, device=drafts.device)
-    if draft_probs is None:
-        ok = (u < p).to(torch.int64)
-    else:
-        q = draft_probs[idx, drafts]
-        ok = (u * q < p).to(torch.int64)  # u < p/q without dividing by a zero q
+    ok = (u * q < p).to(torch.int64)  # u < p/q without dividing by a zero q
     n = ok.cumprod(0).sum()
     if k == 0:
         return n, draw(target_probs[0], gen)
     # The bonus row is chosen on the device; one draw either way, so the generator advances alike.
     at = n.clamp(max=k - 1).view(1)
     target_row = target_probs.index_select(0, at)[0]
-    if draft_probs is None:
-        # max(p - onehot, 0) is p with the draft zeroed (a draft with p = 1 is never rejected: u < 1).
-        residual = target_row.index_fill(0, drafts.index_select(0, at), 0.0)
-    else:
-        residual = (target_row - draft_probs.index_select(0, at)[0]).clamp_min(0)
+    residual = (target_row - draft_probs.index_select(0, at)[0]).clamp_min(0)
     total = residual.sum()
     dist = torch.where(total > 0, residual / total, target_row)
     return n, draw(torch.where(n == k, target_probs[k], dist), gen)

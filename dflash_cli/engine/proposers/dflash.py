@@ -6,7 +6,7 @@ import torch
 
 from ...models.dflash import DFlashDrafter
 from .. import ops
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, draw, probabilities
 
 
 class DFlashProposer:
@@ -40,9 +40,10 @@ class DFlashProposer:
 
     @staticmethod
     def _drafts(logits: torch.Tensor, params: SamplingParams, gen):
-        """The block's argmax at any temperature: q is one-hot at the drafts (None), which accept_sampled
-        verifies exactly (accept with probability p(draft))."""
-        return ops.argmax_rows(logits), None
+        if params.greedy:
+            return ops.argmax_rows(logits), None
+        q = probabilities(logits, params)
+        return draw(q, gen), q
 
     def rollback(self, length: int) -> None:
         self.drafter.rollback(length)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...models.eagle3 import Eagle3Drafter
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, draw, probabilities
 
 MAX_CHAIN = 16  # beyond this a chain's later positions are almost never accepted
 
@@ -26,9 +26,8 @@ class Eagle3Proposer:
         self.drafter.absorb(hidden, start, tokens)
 
     def queues_ahead(self, params: SamplingParams) -> bool:
-        """propose_after needs the device-position chain (graphs or static path); drafts are greedy at any
-        temperature."""
-        return self.drafter.fast is not None
+        """propose_after needs the device-position chain (graphs or static path), which is greedy."""
+        return self.drafter.fast is not None and params.greedy
 
     def propose_after(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
                       bonus: torch.Tensor, k: int, params: SamplingParams, gen):
@@ -39,9 +38,21 @@ class Eagle3Proposer:
         self.drafter.commit(length)
 
     def propose(self, last: int, k: int, params: SamplingParams, gen):
-        """The greedy chain at any temperature: q is one-hot at the drafts (None), verified exactly by
-        accept_sampled; the chain is then the fast one (one graph on the GPU) and queues ahead at any temperature."""
-        return self.drafter.greedy_chain(last, k), None
+        d = self.drafter
+        if params.greedy:
+            return d.greedy_chain(last, k), None
+        pos, state = d.first_state()
+        token, drafts, rows = last, [], []
+        for _ in range(k):
+            logits, state = d.chain_step(pos, state, token)
+            # The draft head covers a subset of the vocabulary: q is zero elsewhere.
+            q = logits.new_zeros(d.c.vocab)
+            q[d.draft_to_target] = probabilities(logits, params)
+            rows.append(q)
+            token = draw(q, gen).view(1)  # stays on the device for the next chained step
+            drafts.append(token)
+            pos += 1
+        return torch.cat(drafts), torch.stack(rows)
 
     def rollback(self, length: int) -> None:
         self.drafter.rollback(length)
