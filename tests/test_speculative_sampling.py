@@ -6,11 +6,14 @@ chi-square distribution (computed from torch.special.gammainc, no scipy).
 
 1. accept_sampled on fixed rows: the first emitted token follows p[0]; given that i drafts were
    accepted, the next emitted token follows p[i]; the number accepted follows the product of the
-   overlaps sum(min(p, q)); q == p always accepts, q disjoint from p always rejects.
+   overlaps sum(min(p, q)); q == p always accepts, q disjoint from p always rejects. With a one-hot q
+   (a draft proposed as the drafter's argmax): draft i is accepted with probability p_i(draft), and after a
+   rejection the token follows p_i with the draft removed; a certain draft (p = 1) always passes; k = 0.
 2. End to end on a target with an 8-token vocabulary: the joint distribution of the first three
    generated tokens (the last two from a speculative step) with a DFlash and an EAGLE-3 drafter,
    at temperature 1 and with top-k/top-p, equals the plain sampler's exact one. The EAGLE-3 draft
    vocabulary covers half the tokens, so q is zero where the target has mass.
+3. The same seed gives the same text, run to run (tiny pair and the demo through the CLI).
 """
 
 from __future__ import annotations
@@ -204,6 +207,94 @@ def test_accept_sampled_disjoint_q_always_rejects():
 
 
 # ---------------------------------------------------------------------------------------------
+# 1b. accept_sampled with a one-hot q: drafts proposed as the drafter's argmax (certain drafts). The engine's
+# proposers sample their drafts (benchmarks/sampled_acceptance.py: argmax drafts accepted less on the demo pair);
+# that benchmark verifies argmax drafts this way, so the rule it relies on is exact: accept with probability
+# p(draft); at a rejection draw from p with the draft removed.
+
+
+def run_accept_onehot(p: torch.Tensor, drafts: torch.Tensor, trials: int, seed: int):
+    """accept_sampled on fixed drafts [k] with q one-hot at them; accepted counts [T] and emitted lists."""
+    k, v = drafts.shape[0], p.shape[1]
+    q = torch.nn.functional.one_hot(drafts, v).float()
+    g = torch.Generator().manual_seed(seed)
+    accepted, emitted = [], []
+    for _ in range(trials):
+        n, bonus = (int(x) for x in accept_sampled(drafts, q, p, g))
+        assert 0 <= n <= k and 0 <= bonus < v
+        accepted.append(n)
+        emitted.append(drafts[:n].tolist() + [bonus])
+    return torch.tensor(accepted), emitted
+
+
+def check_onehot_distribution(p, drafts, accepted, emitted, label):
+    k, v = drafts.shape[0], p.shape[1]
+    # Draft i is accepted with probability p_i(draft i): the count follows the products.
+    acc = p[torch.arange(k), drafts].double()
+    reach = torch.cat([torch.ones(1, dtype=torch.float64), acc.cumprod(0)])  # P(n >= i)
+    p_n = reach - torch.cat([reach[1:], torch.zeros(1, dtype=torch.float64)])
+    if (p_n > 0).sum() > 1:
+        assert_fits(torch.bincount(accepted, minlength=k + 1), p_n, f"{label}: accepted count")
+    else:
+        assert (accepted == int(p_n.argmax())).all()
+    for i in range(k + 1):
+        # After a rejection at i (n == i < k): p_i with the draft removed, renormalised; after k acceptances, p_k.
+        after = torch.tensor([e[i] for e, n in zip(emitted, accepted.tolist()) if n == i], dtype=torch.long)
+        if i < k:
+            expected = p[i].clone()
+            expected[drafts[i]] = 0
+        else:
+            expected = p[k]
+        if len(after) >= 200:
+            assert_fits(torch.bincount(after, minlength=v), expected, f"{label}: token {i} after a rejection there")
+        elif len(after):
+            assert bool((expected[after] > 0).all()), f"{label}: token {i} of probability 0"
+        # Token i's marginal, among steps that got that far, is still p_i: the speculative step is lossless.
+        toks = torch.tensor([e[i] for e in emitted if len(e) > i], dtype=torch.long)
+        if len(toks) >= 200:
+            assert_fits(torch.bincount(toks, minlength=v), p[i], f"{label}: emitted token {i}")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_accept_onehot_acceptance_is_p_of_the_draft(seed):
+    g = torch.Generator().manual_seed(200 + seed)
+    v, k = 6, 3
+    p = rows(g, k + 1, v, scale=1.0)
+    drafts = torch.tensor([int(p[0].argmax()), int(p[1].argmin()), int(p[2].argsort()[v // 2])])  # likely to rare
+    accepted, emitted = run_accept_onehot(p, drafts, 20000, seed)
+    check_onehot_distribution(p, drafts, accepted, emitted, "one-hot")
+    assert 0 < (accepted == 0).float().mean() < 0.9 and (accepted >= 2).any()
+
+
+def test_accept_onehot_certain_and_impossible_drafts():
+    """q(x) = 1 with p(x) = 1: always accepted (the residual, all zero, is never drawn from); a draft the target
+    cut (top-k/top-p: p(x) = 0): always rejected, and the residual is p itself."""
+    g = torch.Generator().manual_seed(11)
+    v = 6
+    p = rows(g, 3, v)
+    p[0] = 0
+    p[0, 4] = 1  # the target is certain of the first draft
+    p[1, 2] = 0
+    p[1] /= p[1].sum()  # and excludes the second
+    accepted, emitted = run_accept_onehot(p, torch.tensor([4, 2]), 6000, 6)
+    assert (accepted == 1).all()
+    assert all(e[0] == 4 and e[1] != 2 for e in emitted)
+    assert_fits(torch.bincount(torch.tensor([e[1] for e in emitted]), minlength=v), p[1], "impossible draft")
+
+
+def test_accept_with_no_drafts_draws_from_the_first_row():
+    """k = 0 (a step at the end of the cache): nothing to accept, the token comes from p[0]."""
+    g = torch.Generator().manual_seed(12)
+    v = 6
+    p = rows(g, 1, v)
+    none = torch.zeros(0, dtype=torch.long)
+    gen = torch.Generator().manual_seed(7)
+    out = [accept_sampled(none, torch.zeros(0, v), p, gen) for _ in range(6000)]
+    assert all(int(n) == 0 for n, _ in out)
+    assert_fits(torch.bincount(torch.tensor([int(b) for _, b in out]), minlength=v), p[0], "k = 0")
+
+
+# ---------------------------------------------------------------------------------------------
 # 2. end to end: the first tokens of generate() with a drafter, against the exact target probabilities
 
 VOCAB = 8
@@ -294,3 +385,38 @@ def test_speculative_sampling_matches_the_target_distribution(models, config):
         p2 = joint.sum((0, 2))
         assert float(p2[outside].sum()) > 0.2
         assert abs(float(counts.sum((0, 2))[outside].sum()) / runs - float(p2[outside].sum())) < 0.06
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. the same seed, the same text
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_the_same_seed_gives_the_same_text(models, kind):
+    """Run to run, with fresh sessions and decoders: the same tokens, drafts and acceptances; other seeds differ."""
+    target, dflash, eagle = models
+
+    def run(seed):
+        proposer = DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle)
+        res = generate(Session(target, 64), SpeculativeDecoder(proposer, 3),
+                       Request(PROMPT, SamplingParams(temperature=1.0, top_k=6, seed=seed), max_tokens=24))
+        return res.tokens, [(s.draft, s.accepted) for s in res.steps]
+
+    first = run(3)
+    assert run(3) == first
+    assert any(0 < a < len(d) for d, a in first[1])  # some step both accepted and rejected
+    assert len({tuple(run(seed)[0]) for seed in range(4)}) > 1
+
+
+@pytest.mark.parametrize("draft", ["dflash", "eagle3"])
+def test_the_same_seed_gives_the_same_text_on_the_demo(cli, draft):
+    def tokens(seed):
+        r = cli("generate", "--model", "demo", "--prompt", "def fibonacci(n):", "--draft", draft,
+                "--temperature", "0.6", "--top-p", "0.95", "--top-k", "20", "--seed", seed, "--max-tokens", "40", "--json")
+        assert r.code == 0, r.err
+        res = json.loads(r.out)
+        assert res["stats"]["draft_kind"] == draft
+        return res["tokens"]
+
+    first = tokens(7)
+    assert len(first) == 40 and tokens(7) == first
