@@ -51,13 +51,13 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from dflash_cli.engine import ops
-from dflash_cli.engine.generation import Request, generate
-from dflash_cli.engine.proposers.dflash import DFlashProposer
-from dflash_cli.engine.proposers.eagle3 import Eagle3Proposer
-from dflash_cli.engine.sampling import SamplingParams, draw, probabilities
-from dflash_cli.engine.session import Session
-from dflash_cli.engine.speculative import SpeculativeDecoder
+from dflash_cli.layers import ops
+from dflash_cli.runtime.generation import Request, generate
+from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+from dflash_cli.runtime.sampling import SamplingParams, draw, probabilities
+from dflash_cli.runtime.session import Session
+from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
@@ -99,15 +99,15 @@ class SampledEagle3(Eagle3Proposer):
     """The eager chain that samples each position and feeds it to the next; q = the filtered rows, zero
     outside the draft vocabulary."""
 
-    def queues_ahead(self, params):
+    def can_queue_ahead(self, params):
         return False  # the device-position chain is greedy
 
     def propose(self, last, k, params, gen):
-        d = self.drafter
-        pos, state = d.first_state()
+        d = self.model
+        pos, state = self.first_state()
         token, drafts, rows = last, [], []
         for _ in range(k):
-            logits, state = d.chain_step(pos, state, token)
+            logits, state = self.chain_step(pos, state, token)
             q = logits.new_zeros(d.c.vocab)
             q[d.draft_to_target] = probabilities(logits, params)
             rows.append(q)
@@ -120,16 +120,16 @@ class SampledEagle3(Eagle3Proposer):
 class ArgmaxEagle3(Eagle3Proposer):
     """The greedy chain (on the GPU one graph, and queued ahead); q one-hot."""
 
-    def queues_ahead(self, params):
-        return self.drafter.fast is not None
+    def can_queue_ahead(self, params):
+        return self.fast is not None
 
     def propose(self, last, k, params, gen):
-        drafts = self.drafter.greedy_chain(last, k)
-        return drafts, _onehot(drafts, self.drafter.c.vocab)
+        drafts = self.greedy_chain(last, k)
+        return drafts, _onehot(drafts, self.model.c.vocab)
 
-    def propose_after(self, hidden, ids, start, accepted, bonus, k, params, gen):
-        drafts = self.drafter.chain_after(hidden, ids, start, accepted, bonus, k)
-        return drafts, _onehot(drafts, self.drafter.c.vocab)
+    def propose_ahead(self, hidden, ids, start, accepted, bonus, k, params, gen):
+        drafts = Eagle3Proposer.propose_ahead(self, hidden, ids, start, accepted, bonus, k, params, gen)[0]
+        return drafts, _onehot(drafts, self.model.c.vocab)
 
 
 WAYS = {("dflash", "argmax"): ArgmaxDFlash, ("dflash", "sampled"): SampledDFlash,
