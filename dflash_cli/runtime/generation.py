@@ -15,6 +15,7 @@ import torch
 from .. import tuning
 from ..errors import DflashError
 from .sampling import SamplingParams, sample
+from .graphs import Fed
 from .session import Session, elapsed, mark, now, read_later
 
 
@@ -59,7 +60,8 @@ class PlainDecoder:
 
     def __init__(self, queue_ahead: bool | None = None):
         self.queue_ahead = queue_ahead  # None: on CUDA, unless the knob is off (on CPU it would just run first)
-        # (position, the sampled token as a device tensor, whether it can be read in place) of a queued forward
+        # (position, the sampled token as a device tensor, whether it can be read in place, its Fed handle or None)
+        # of a queued forward
         self._ahead = None
         # On CUDA the previous step's end mark is this step's start: nothing is queued on the device between them,
         # and each event recorded between two graphs costs the stream a few µs. (On CPU the marks are wall times,
@@ -76,33 +78,33 @@ class PlainDecoder:
         after = None  # a mark after the work that wrote the token, where it can be read in place
         if self._ahead is not None and self._ahead[0] == session.length:
             session.length += 1  # `last` went through the queued forward: commit it
-            tok = self._ahead[1]
-            after = self._end if self._ahead[2] and cuda else None
+            tok, in_place, fed = self._ahead[1:]
+            after = self._end if in_place and cuda else None
         else:
-            tok, _ = self._next(session, [last], params, gen)
+            tok, _, fed = self._next(session, [last], params, gen)
         self._ahead = None
         ahead = cuda and tuning.KNOBS.queue_ahead if self.queue_ahead is None else self.queue_ahead
         # Queued before the next forward, so reading it waits for this step's token only.
         value = read_later(tok.view(1), after)
         if ahead and budget > 1 and session.length + 1 < session.max_len:
             at = session.length
-            nxt, in_place = self._next(session, tok.view(1), params, gen)  # the next step's; committed when used
+            nxt = self._next(session, fed if fed is not None else tok.view(1), params, gen)  # the next step's; committed when used
             session.length = at
-            self._ahead = (at, nxt, in_place)
+            self._ahead = (at, *nxt)
         t1 = self._end = mark(session.device)
         return Step(emitted=value(), marks=(t0, t0, t1))  # the step's one host sync
 
     @staticmethod
-    def _next(session: Session, ids, params: SamplingParams, gen) -> tuple[torch.Tensor, bool]:
-        """The token after a one-row forward of `ids`, on the device (greedy: the argmax inside the step's graph,
-        which feeds it on to the next: Session.fed_token), and whether it stays where it is until read (a graph's
-        own output does not: its next replay overwrites it)."""
+    def _next(session: Session, ids, params: SamplingParams, gen) -> tuple[torch.Tensor, bool, Fed | None]:
+        """The token after a one-row forward of `ids`, on the device (greedy: the argmax inside the step's graph),
+        whether it stays where it is until read (a graph's own output does not: its next replay overwrites it), and
+        its handle where the graph fed it on to the next step (Session.fed_token): forwarding that continues it."""
         at = session.length
         out = session.forward(ids, accept=params.greedy)
         if out.verdict is None:
-            return sample(out.logits[-1], params, gen), True
+            return sample(out.logits[-1], params, gen), True, None
         fed = session.fed_token(at)
-        return (fed, True) if fed is not None else (out.verdict[1], False)
+        return (fed.token, True, fed) if fed is not None else (out.verdict[1], False, None)
 
     def sync(self, session: Session) -> None:
         self._ahead = self._end = None

@@ -124,6 +124,16 @@ def window_for(end: int, max_len: int) -> int:
     return min(w, max_len)
 
 
+@dataclass(frozen=True, eq=False)  # a handle: equal only to itself
+class Fed:
+    """The token a feeding step (a greedy decode step) wrote into its own next inputs, for the row at `position`:
+    passed back as the next step's ids, that step continues the feeding one and stages nothing. `token` is a 0-d
+    device view, unchanged until `position` is forwarded again."""
+
+    token: torch.Tensor
+    position: int
+
+
 @dataclass
 class _Captured:
     ids: torch.Tensor
@@ -139,12 +149,12 @@ class Graphs:
 
     Steps whose key `feeds` (a greedy decode step) stage their own next inputs: fn writes the step's token into its
     ids, the next position into its positions and the token into `fed` at that position (ops.greedy_verdict's feed).
-    A call that continues the last such replay with that token (`fed_token`) then stages nothing."""
+    A call given that token's handle (`fed_token`, a Fed) continues the last such replay and stages nothing."""
 
     def __init__(self, fn, device, max_len: int, use_graphs: bool = True, feeds=None, fed=None):
         self.fn, self.device, self.max_len = fn, torch.device(device), max_len
         self.feeds, self.fed = feeds, fed  # feeds(key) -> bool (None: no key does); fed: long [max_len + 1]
-        self._fed = None  # (key, position) the last feeding step's buffers hold its token at
+        self._fed: tuple | None = None  # (key, Fed): the last feeding step's and the token its buffers hold
         self.requested = use_graphs  # the session path's choice, whatever the device (see drafters' reset)
         self.use_graphs = use_graphs and self.device.type == "cuda"
         self.steps: dict[tuple, _Captured] = {}
@@ -162,7 +172,10 @@ class Graphs:
         """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device) at
         positions [start, start + len(ids)) or the given `positions` (host ints, as many per key, or a device
         tensor: then ids must be one too, and `end` bounds the largest position + 1); attention reads a window
-        covering `end` (default start + len(ids))."""
+        covering `end` (default start + len(ids)). ids may be the Fed handle of the last feeding step's token."""
+        fed = ids if isinstance(ids, Fed) else None
+        if fed is not None:
+            ids = fed.token.view(1)
         n = len(ids)
         key = (n, window_for(end or start + n, self.max_len), *extra)
         step = self.steps.get(key)
@@ -190,7 +203,7 @@ class Graphs:
         built = step is None
         if built:
             step = self.steps[key] = self._build(key, ids, src, on_host)
-        elif positions is None and self._continues(key, start, ids):
+        elif positions is None and self._continues(key, start, fed):
             pass  # its last replay staged this one's inputs (the token it fed, the next position)
         elif on_host and step.inputs is not None:
             step.inputs.copy_(src, non_blocking=True)
@@ -222,7 +235,7 @@ class Graphs:
         """Replay (or run) the step; for a feeding one, remember where its buffers now stand (next_position: the
         position after its row, None where the host does not know it)."""
         if self._feeds(key):
-            self._fed = (key, next_position) if next_position is not None else None
+            self._fed = (key, Fed(self.fed[next_position], next_position)) if next_position is not None else None
         if step.graph is not None:
             step.graph.replay()
         else:
@@ -231,17 +244,18 @@ class Graphs:
                 carveout.apply()  # the kernels this uncaptured step compiled (captured steps: _build)
         return step.out
 
-    def _continues(self, key, start: int, ids) -> bool:
-        """Whether this call is the last feeding replay's next step: its key, at the position after, on the
-        token it fed (by address: that record was written by that replay, with the buffers)."""
-        return self._fed == (key, start) and torch.is_tensor(ids) and ids.data_ptr() == self.fed[start].data_ptr()
+    def _continues(self, key, start: int, fed: Fed | None) -> bool:
+        """Whether this call is the last feeding replay's next step: its key, at the position after, on the handle
+        of the token it fed."""
+        return fed is not None and self._fed is not None and self._fed[0] == key and self._fed[1] is fed \
+            and fed.position == start
 
-    def fed_token(self, position: int) -> torch.Tensor | None:
-        """The token the last feeding step fed on from `position` (a 0-d device view, unchanged until `position` is
-        forwarded again: read it in place), or None where the last feeding step was elsewhere."""
-        if self._fed is None or self._fed[1] != position + 1:
+    def fed_token(self, position: int) -> Fed | None:
+        """The handle of the token the last feeding step fed on from `position`, or None where the last feeding
+        step was elsewhere."""
+        if self._fed is None or self._fed[1].position != position + 1:
             return None
-        return self.fed[position + 1]
+        return self._fed[1]
 
     def _evict_prefills(self) -> None:
         """Make room for one more prefill graph: drop the least recently used beyond prefill_graphs - 1."""

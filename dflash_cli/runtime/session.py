@@ -10,7 +10,7 @@ import torch
 
 from ..errors import DflashError
 from .. import tuning
-from .graphs import MAX_ROWS, padded_prefill, prefill_rows, stage, upload, with_verdict
+from .graphs import MAX_ROWS, Fed, padded_prefill, prefill_rows, stage, upload, with_verdict
 
 
 def now(device: torch.device) -> float:
@@ -126,16 +126,16 @@ class Session:
         self.length = 0
         self.pending = []
 
-    def fed_token(self, position: int) -> torch.Tensor | None:
-        """The greedy token of the last one-row forward at `position`, where the graphs fed it on to the next step
-        (graphs.Graphs.fed_token): a device view that stays unchanged until `position` is forwarded again."""
+    def fed_token(self, position: int) -> Fed | None:
+        """The handle of the greedy token of the last one-row forward at `position`, where the graphs fed it on to the
+        next step (graphs.Graphs.fed_token): forward it to continue that step."""
         return self.fast.fed_token(position) if self.fast is not None else None
 
-    def forward(self, ids: Sequence[int] | torch.Tensor, capture=(), all_logits=False, accept=False):
-        """Forward `ids` (host ids, or a 1-D device tensor that stays on the device) at the committed end
-        and commit them. accept: with the greedy verdict on the rows (`out.verdict`; needs all_logits or one row),
+    def forward(self, ids: Sequence[int] | torch.Tensor | Fed, capture=(), all_logits=False, accept=False):
+        """Forward `ids` (host ids, a 1-D device tensor that stays on the device, or a fed token's handle) at the
+        committed end and commit them. accept: with the greedy verdict on the rows (`out.verdict`; needs all_logits or one row),
         inside the step's graph on the graphs path."""
-        n = len(ids)
+        n = 1 if isinstance(ids, Fed) else len(ids)
         if self.length + n > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")
         rows = None
