@@ -233,3 +233,10 @@ def test_decode_splits_of_several_key_blocks_pipeline_two_stages(monkeypatch):
     assert kernel._split_tuning(4 * block, 32) == kernel._split_tuning(4 * block, 64) == {}
     monkeypatch.setattr(kernel, "SPLIT_STAGES", 3)
     assert kernel._split_tuning(4 * block, 16) == {"num_stages": 3}
+
+
+def test_the_hand_gemm_source_is_found():
+    """kernels/cubin builds csrc/ on first use: a wrong path would silently fall back to cuBLAS on the GPU."""
+    from dflash_cli.kernels import cubin
+
+    assert cubin.source("skinny_gemm.cu") is not None, cubin.CSRC

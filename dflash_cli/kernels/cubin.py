@@ -23,7 +23,7 @@ from .. import tuning
 
 # The sources live in the checkout's csrc/ (the README installs editable); a wheel without them keeps the
 # kernels' fallbacks.
-CSRC = Path(__file__).resolve().parents[3] / "csrc"
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
 
 # CUlaunchAttributeID values used here.
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
