@@ -7,6 +7,7 @@ invariant, so every decoder gets them identically.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
@@ -15,7 +16,7 @@ import torch
 from .. import tuning
 from ..errors import DflashError
 from .sampling import SamplingParams, sample
-from .graphs import Fed
+from .graphs import Fed, Totals
 from .session import Session, elapsed, mark, now, read_later
 
 
@@ -129,6 +130,8 @@ class Result:
     draft_kind: str = "none"
     context_full: bool = False
     interrupted: bool = False
+    graph_captures: int = 0  # CUDA graphs captured during this generation (none, once every shape is built)
+    first_token_unix_s: float = 0.0  # wall clock (time.time()) when the first token was known: start-up figures
 
     @property
     def decode_tok_per_s(self) -> float:
@@ -145,6 +148,8 @@ class Result:
             "decode_tok_per_s": round(self.decode_tok_per_s, 3),
             "steps": len(self.steps),
             "draft_kind": self.draft_kind,
+            "graph_captures": self.graph_captures,
+            "first_token_unix_s": round(self.first_token_unix_s, 3),
             **step_stats(self.steps),
         }
 
@@ -177,13 +182,15 @@ def generate(
     ids = old_pending + list(req.prompt_ids)
     session.pending = []
     base = session.length + len(ids)  # committed length once the prompt is in
+    captures = Totals.captures
     t_start = now(session.device)
-    ttft = decode_s = 0.0
+    ttft = decode_s = first_unix = 0.0
     finish, context_full, interrupted = "length", False, False
     try:
         logits = decoder.prefill(session, ids)
         first = int(sample(logits, req.params, gen).item())
         ttft = now(session.device) - t_start
+        first_unix = time.time()
         first_step = Step(emitted=[first], marks=(0.0, 0.0, ttft))
         tokens.append(first)
         if on_step:
@@ -228,6 +235,8 @@ def generate(
         draft_kind=decoder.kind,
         context_full=context_full,
         interrupted=interrupted,
+        graph_captures=Totals.captures - captures,
+        first_token_unix_s=first_unix,
     )
 
 

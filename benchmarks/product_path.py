@@ -1,0 +1,143 @@
+"""GPU: the commands users type, in fresh processes, against `dflash bench` on the same checkpoints (issue: the
+product path at engine speed).
+
+Writes Qwen3-4B-shaped random-weight checkpoints in Hub layout to local folders (target, DFlash-b16 and EAGLE-3
+drafters of the published shapes; the demo's tokenizer, whose ids the random model mostly does not emit, so the
+text is near empty and only the speed is measured), then, per mode (none / dflash / eagle3) and temperature (0, and
+0.6 with top-p 0.95 and top-k 20), runs `dflash generate --json` of MAX_TOKENS tokens in a fresh process and
+`dflash bench` on the same prompt, and prints: command start to first token, TTFT after load, decode tok/s, CUDA
+graph captures during the generation, bench tok/s and the ratio. Random drafters: τ about 1.
+
+Env: ROOT (checkpoint folder, default /tmp/product), MAX_TOKENS (512), MODES (none,dflash,eagle3), TEMPS (0,0.6),
+PROMPT_TOKENS (short prompt: 0; else a prompt of about that many tokens).
+Run: PYTHONUNBUFFERED=1 python benchmarks/product_path.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dflash_cli.models.dflash import DFlashConfig, checkpoint_shapes as dflash_shapes  # noqa: E402
+from dflash_cli.models.eagle3 import Eagle3Config  # noqa: E402
+from dflash_cli.models.qwen3 import checkpoint_shapes  # noqa: E402
+from dflash_cli.synthetic import qwen3_config, random_tensors, shipped_configs  # noqa: E402
+
+ROOT = Path(os.environ.get("ROOT", "/tmp/product"))
+MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "512"))
+MODES = os.environ.get("MODES", "none,dflash,eagle3").split(",")
+TEMPS = [float(t) for t in os.environ.get("TEMPS", "0,0.6").split(",")]
+DEMO = REPO / "dflash_cli" / "demo" / "target"
+
+
+def write(folder: Path, config: dict, tensors: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+
+
+def checkpoints() -> None:
+    """The three folders, written once (a later run reuses them)."""
+    if (ROOT / "eagle3" / "model.safetensors").is_file():
+        return
+    shipped = shipped_configs("qwen3-4b")
+    cfg = qwen3_config("qwen3-4b")
+    target = ROOT / "target"
+    write(target, shipped["target"], random_tensors(checkpoint_shapes(cfg), "cuda", torch.bfloat16, seed=0))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(DEMO / name, target / name)
+    (target / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": [4094]}))
+    d = DFlashConfig(shipped["dflash"], Path("dflash"))
+    write(ROOT / "dflash", shipped["dflash"], random_tensors(dflash_shapes(d), "cuda", torch.bfloat16, seed=1))
+    e = Eagle3Config(shipped["eagle3"], Path("eagle3"), cfg)
+    tensors = random_tensors(e.checkpoint_shapes(), "cuda", torch.bfloat16, seed=2)
+    tensors.update(e.identity_maps("cuda"))
+    write(ROOT / "eagle3", shipped["eagle3"], tensors)
+    torch.cuda.empty_cache()
+
+
+def prompt() -> str:
+    n = int(os.environ.get("PROMPT_TOKENS", "0"))
+    return "def fibonacci(n):" if n == 0 else " ".join(f"x{i % 97}" for i in range(n // 2))
+
+
+def sampling(temp: float) -> list[str]:
+    return ["--temperature", str(temp)] + (["--top-p", "0.95", "--top-k", "20"] if temp > 0 else [])
+
+
+def draft(mode: str) -> str:
+    return "none" if mode == "none" else str(ROOT / mode)
+
+
+def generate(mode: str, temp: float, prompt_file: Path) -> dict:
+    cmd = [sys.executable, "-m", "dflash_cli", "generate", "--model", str(ROOT / "target"), "--draft", draft(mode),
+           "--prompt-file", str(prompt_file), "--max-tokens", str(MAX_TOKENS), "--seed", "0", "--json",
+           *sampling(temp)]
+    t0 = time.time()
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    wall = time.time() - t0
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1:] or ["?"]}
+    stats = json.loads(out.stdout.splitlines()[-1])["stats"]
+    return {"start_to_first_s": stats["first_token_unix_s"] - t0, "ttft_s": stats["ttft_s"],
+            "tok_s": stats["decode_tok_per_s"], "captures": stats["graph_captures"], "wall_s": wall,
+            "tau": stats["mean_accepted"]}
+
+
+def bench(mode: str, temp: float, prompts: Path) -> float | None:
+    report = ROOT / f"bench_{mode}_{temp}.json"
+    # bench samples with the temperature alone (it has no top-p / top-k)
+    cmd = [sys.executable, "-m", "dflash_cli", "bench", "--model", str(ROOT / "target"), "--draft", draft(mode),
+           "--prompts", str(prompts), "--max-tokens", str(MAX_TOKENS), "--json", str(report), "--temperature", str(temp)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+    if out.returncode != 0:
+        print(f"  bench {mode} T={temp}: {out.stderr.strip().splitlines()[-1:]}")
+        return None
+    modes = json.loads(report.read_text())["modes"]
+    return next(m["decode_tok_per_s"] for m in modes if m["draft_kind"] == mode)
+
+
+def main() -> None:
+    t0 = time.time()
+    checkpoints()
+    print(f"device {torch.cuda.get_device_name()}  checkpoints in {time.time() - t0:.1f} s at {ROOT}")
+    text = prompt()
+    prompt_file = ROOT / "prompt.txt"
+    prompt_file.write_text(text)
+    prompts = ROOT / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": text}) + "\n")
+    first = generate("none", 0.0, prompt_file)  # the bare machine's first run: it compiles the kernels
+    print(f"first run (kernel caches cold): {first}")
+    rows = []
+    for temp in TEMPS:
+        for mode in MODES:
+            g = generate(mode, temp, prompt_file)
+            b = bench(mode, temp, prompts)
+            rows.append((mode, temp, g, b))
+            print(f"  {mode} T={temp}: generate {g}  bench {b}")
+    print(f"\n| mode | T | start→first token s | TTFT after load ms | generate tok/s | captures during | "
+          f"bench tok/s | generate / bench |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode, temp, g, b in rows:
+        if "error" in g:
+            print(f"| {mode} | {temp} | error: {g['error']} | | | | | |")
+            continue
+        ratio = f"{g['tok_s'] / b:.2f}" if b else "—"
+        print(f"| {mode} | {temp} | {g['start_to_first_s']:.2f} | {1000 * g['ttft_s']:.0f} | {g['tok_s']:.1f} | "
+              f"{g['captures']} | {b or '—'} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
