@@ -61,8 +61,8 @@ def test_bench_all_three_modes_table_and_json(cli, registry, tmp_path):
         assert m["runs"] == 2 and m["decode_tok_per_s"] > 0 and m["speedup"] > 0
         assert m["generated_tokens"] > 0
     dflash, eagle = rep["modes"][1], rep["modes"][2]
-    assert len(dflash["accept_hist"]) == BLOCK  # 0..5 accepted drafts
-    assert len(eagle["accept_hist"]) == CHAIN + 1
+    assert len(dflash["accepted_drafts_hist"]) == BLOCK  # 0..5 accepted drafts
+    assert len(eagle["accepted_drafts_hist"]) == CHAIN + 1
     assert dflash["draft_ms_per_step"] > 0 and eagle["verify_ms_per_step"] > 0
     # Lossless: the same greedy tokens in every mode.
     per = rep["per_run"]
@@ -84,10 +84,10 @@ def test_synthetic_forced_tau_is_what_the_label_says(cli, registry, tmp_path, ta
     dflash, eagle = rep["modes"][1], rep["modes"][2]
     if tau == 1.0:
         assert dflash["tau"] == 1.0 and eagle["tau"] == 1.0
-        assert dflash["accept_hist"][0] == sum(dflash["accept_hist"])
+        assert dflash["accepted_drafts_hist"][0] == sum(dflash["accepted_drafts_hist"])
     else:
         assert dflash["tau"] == float(BLOCK)
-        assert dflash["accept_hist"][-1] == sum(dflash["accept_hist"])
+        assert dflash["accepted_drafts_hist"][-1] == sum(dflash["accepted_drafts_hist"])
         assert eagle["tau"] == float(CHAIN + 1)  # forced τ is capped by the chain length
 
 

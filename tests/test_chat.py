@@ -97,11 +97,23 @@ def test_stats_unknown_command_and_eof(chat):
     assert clean(chat("")) == ""
 
 
-def test_full_context_says_so_and_clear_recovers(chat):
-    out = clean(chat("Hi\nHi again\n/clear\nHi\n/stats\n", "--context", "20", "--max-tokens", "50"))
-    full = [line for line in out.splitlines() if "context is full" in line]
-    assert full and all("/clear" in line for line in full)
-    assert "conversation cleared" in out and re.search(r"context \d+/20 tokens · 1 turns", out)
+def test_full_context_drops_the_oldest_turns_and_keeps_answering(chat, prompts):
+    """Before: once full, every turn was refused until /clear. Now the oldest turns go, the system prompt stays."""
+    turns = [f"Message {i}" for i in range(6)]
+    out = clean(chat("\n".join(turns) + "\n/stats\n", "--context", "64", "--max-tokens", "8", "--system", "S."))
+    assert len(prompts) == 6, out  # every message was answered
+    dropped = [line for line in out.splitlines() if "dropped the oldest" in line]
+    assert dropped and "system prompt stays" in dropped[0]
+    assert "/clear" not in out and "context is full (" not in out
+    assert re.search(r"context \d+/64 tokens", out)
+
+
+def test_default_answer_budget_fits_the_context(cli, tiny_model, monkeypatch):
+    from dflash_cli.commands.chat import default_max_tokens
+
+    assert default_max_tokens(1024) == 512 and default_max_tokens(32768) == 2048
+    res = cli("chat", tiny_model, "--draft", "none", "--context", "32", "--max-tokens", "40")
+    assert res.code == 1 and "does not fit the context of 32" in res.err
 
 
 def test_context_flag_out_of_range(cli, tiny_model):

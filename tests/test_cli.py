@@ -117,8 +117,8 @@ def test_json_fields_and_max_tokens(gen, tok):
     assert data["prompt_tokens"] == len(tok.encode(tok.render_chat([{"role": "user", "content": "hi"}])))
     assert stats["ttft_s"] > 0 and stats["decode_tok_per_s"] >= 0
     assert stats["steps"] == len(tokens) - 1  # plain decoding: one token per step after the first
-    assert stats["draft_kind"] == "none" and stats["accept_hist"] == [stats["steps"]]
-    assert stats["mean_accepted"] == 1.0
+    assert stats["draft_kind"] == "none" and stats["accepted_drafts_hist"] == [stats["steps"]]
+    assert stats["tau_tokens_per_step"] == 1.0
 
 
 def test_trace_file_has_one_line_per_step(gen, tmp_path):

@@ -176,6 +176,7 @@ def generate(
     base = session.length + len(ids)  # committed length once the prompt is in
     t_start = now(session.device)
     ttft = decode_s = 0.0
+    t_decode = None
     finish, context_full, interrupted = "length", False, False
     try:
         logits = decoder.prefill(session, ids)
@@ -203,9 +204,10 @@ def generate(
             steps.append(step)
             if on_step:
                 on_step(step)
-        decode_s = now(session.device) - t_decode
     except KeyboardInterrupt:
         interrupted = True
+    if t_decode is not None:  # an interrupted generation keeps its real decode time (and so its tok/s)
+        decode_s = now(session.device) - t_decode
     if tokens:
         # Every emitted token but the last is in the cache; the last is pending.
         session.length = base + len(tokens) - 1
