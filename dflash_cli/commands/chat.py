@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -104,14 +105,12 @@ class ChatRepl:
 
     def run(self) -> None:
         if self.interactive:
-            self.say(f"dflash chat · {self.bundle.entry.name} on {self.bundle.device} · context "
-                     f"{self.session.max_len} tokens · /help for commands, Ctrl-D to leave")
+            self.say(f"dflash chat · {self.bundle.entry.name} on {self.bundle.device} · {self.session.max_len}-token "
+                     f"context · /help, Ctrl-D to leave")
         while True:
             try:
                 line = self.read()
-            except EOFError:
-                if self.interactive:
-                    self.console.print()  # the shell's prompt starts on a line of its own
+            except EOFError:  # Ctrl-D (prompt_toolkit ends the line, so the shell's prompt starts on its own)
                 break
             except KeyboardInterrupt:
                 if not self.interactive:
@@ -287,7 +286,8 @@ class ChatRepl:
         max_tokens = max(1, min(self.max_tokens, s.max_len - s.length - len(s.pending) - len(ids) - 1))
         req = Request(prompt_ids=ids, params=self.params, max_tokens=max_tokens, stop_ids=tok.stop_ids)
         guard = RepetitionGuard(self.o.repeat_guard)
-        with StreamView(self.console, tok, tok.stop_ids, show_drafts=self.o.show_drafts) as view:
+        with _keys_wait(self.interactive), \
+                StreamView(self.console, tok, tok.stop_ids, show_drafts=self.o.show_drafts) as view:
             result = generate(s, self.decoder, req, on_step=tee(view.on_step, guard.on_step))
             reason = view.finish_reason = finish_reason(result, guard)
         if not result.tokens:
@@ -316,6 +316,29 @@ class ChatRepl:
             f"first token {last['ttft_s'] * 1000:.0f} ms · {last['steps']} steps · "
             f"draft {last['draft_s']:.3f} s / verify {last['verify_s']:.3f} s · finish {self.reasons[-1]}", "")
         self.say(f"session: {total_tokens} tokens in {len(self.results)} answers", "")
+
+
+@contextlib.contextmanager
+def _keys_wait(interactive: bool):
+    """While an answer streams: keys typed are not echoed into it and wait for the next prompt (Ctrl-D too,
+    which a line-mode terminal would otherwise turn into an end of input); Ctrl-C still interrupts."""
+    if not interactive:
+        yield
+        return
+    try:
+        import termios
+        import tty
+
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+        tty.setcbreak(fd)
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 def _closed(text: str) -> bool:

@@ -104,5 +104,6 @@ def _tracer(trace):
     def write(step):
         trace.write(json.dumps({"step": next(counter), "draft": step.draft, "accepted": step.accepted,
                                 "emitted": step.emitted}) + "\n")
+        trace.flush()  # readable while the generation runs
 
     return write
