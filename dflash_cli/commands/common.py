@@ -130,10 +130,10 @@ class RepetitionStop(KeyboardInterrupt):
 class RepetitionGuard:
     """Stops an answer stuck in a loop: the last tokens are one pattern repeated back to back.
 
-    A loop is a period of 1-64 tokens repeated at least `repeats` times and covering at least
-    `min_tokens` tokens (so a short legitimate repetition, like a row of `=`, passes)."""
+    A loop is a period of 1-64 tokens repeated at least `repeats` (3) times and covering at least
+    `min_tokens` (32) tokens (so a short legitimate repetition, like a row of `=`, passes)."""
 
-    def __init__(self, enabled: bool = True, repeats: int = 4, min_tokens: int = 48, max_period: int = 64):
+    def __init__(self, enabled: bool = True, repeats: int = 3, min_tokens: int = 32, max_period: int = 64):
         self.enabled, self.repeats, self.min_tokens, self.max_period = enabled, repeats, min_tokens, max_period
         self.tokens: list[int] = []
         self.tripped = False

@@ -152,19 +152,24 @@ def footer_lines(n_tokens: int, ttft, decode_s: float, steps, width: int = 80, f
         parts.append(f"τ {st['mean_accepted']:.2f} tok/step")
     if finish and finish not in ("stop", "length"):
         parts.append(f"[{finish}]")
-    lines = [" · ".join(parts)]
+    lines = _pack(parts, width)
     if spec:
         hist = st["accept_hist"]
-        lines.append(f"accepted drafts/step 0–{len(hist) - 1}: {histogram(hist)}")
         by_pos = " ".join(f"{p * 100:.0f}" for p in st["accept_by_position"])
         pos = f"accept % by draft position 1–{len(st['accept_by_position'])}: {by_pos}"
-        joined = lines[1] + " · " + pos
-        if cell_len(joined) <= width:
-            lines[1] = joined
-        elif cell_len(pos) <= width:
-            lines.append(pos)
+        lines += _pack([f"accepted drafts/step 0–{len(hist) - 1}: {histogram(hist)}",
+                        pos if cell_len(pos) <= width else f"pos %: {by_pos}"], width)
+    return lines
+
+
+def _pack(parts: list[str], width: int) -> list[str]:
+    """Parts joined by ' · ', as many per line as fit in `width`."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and cell_len(lines[-1] + " · " + part) <= width:
+            lines[-1] += " · " + part
         else:
-            lines.append(f"pos %: {by_pos}")
+            lines.append(part)
     return lines
 
 
