@@ -71,7 +71,7 @@ class ChatOptions:
     temperature: Temperature = None
     top_p: TopP = None
     top_k: TopK = None
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Longest single answer (default: a quarter of the context, at most 2048).")] = None
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Longest single answer (default: half the context, at most 2048).")] = None
     seed: Seed = None
     context: Context = None
     device: Device = None
