@@ -355,3 +355,17 @@ def test_threads_default_never_oversubscribes(monkeypatch, tmp_path):
     assert 1 <= common.set_threads(None, tmp_path, "cpu") == common.physical_cores() <= len(os.sched_getaffinity(0))
     assert common.set_threads(3, tmp_path, "cpu") == 3
     assert common.set_threads(None, tmp_path, "cuda") is None
+
+
+def test_demo_completes_the_prompt_line_without_a_spurious_newline(cli):
+    """Before: the demo's template appended a newline, so `def fibonacci(n):` got a new `def ...` after it."""
+    from dflash_cli.loading.tokenizer import ChatTokenizer
+    from dflash_cli.registry import Registry
+    from dflash_cli.training.bpe import CHAT_TEMPLATE
+
+    tok = ChatTokenizer(Registry.load().entries["demo"].target.path())
+    assert tok.render_chat([{"role": "user", "content": "def fibonacci(n):"}]) == "def fibonacci(n):"
+    assert tok.template_text == CHAT_TEMPLATE  # `dflash train` writes the same template
+    res = cli("generate", "-p", "def fibonacci(n):", "-n", "24", "--json")
+    data = res.json()
+    assert res.code == 0 and not data["text"].lstrip().startswith("def ")

@@ -73,7 +73,9 @@ def test_chat_long_answers_are_not_duplicated(term):
     text = t.text()
     # each answer's first line shows once (before: every refresh of a tall answer copied it again)
     assert text.count('.path.join(path, "dir")') == 1, text
-    assert text.rstrip().endswith(">>>")  # Ctrl-D: the shell prompt starts on a new line below the >>> line
+    # Ctrl-D: the shell's prompt starts on a fresh line below the >>> line (before: on the >>> line)
+    cursor = t.screen.cursor
+    assert text.rstrip().endswith(">>>") and cursor.x == 0 and Term._row(t.screen.buffer[cursor.y], 80) == ""
 
 
 def test_pasted_lines_are_one_turn_and_triple_quotes_too(term):
