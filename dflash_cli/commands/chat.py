@@ -17,7 +17,7 @@ from ..engine.session import Session
 from ..errors import DflashError
 from ..loading.bundle import open_bundle
 from ..registry import Registry
-from ..ui.stream import StreamView
+from ..ui.stream import LEGEND, StreamView
 from .common import RepetitionGuard, check_draft_len, finish_reason, sampling_params, set_threads, tee
 
 __all__ = ["ChatOptions", "ChatRepl", "run_chat"]
@@ -132,7 +132,7 @@ class ChatRepl:
         if name in ("/exit", "/quit", "/bye"):
             return "exit"
         if name in ("/help", "/?"):
-            self.say(HELP_LONG, "")
+            self.say(HELP_LONG + "\n" + LEGEND, "")
         elif name == "/clear":
             self.session.reset()
             self.conv.messages.clear()

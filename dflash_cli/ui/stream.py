@@ -21,9 +21,10 @@ from ..loading.tokenizer import StreamDecoder
 DRAFT_STYLE = "cyan"
 BARS = " ▁▂▃▄▅▆▇█"
 REFRESH_S = 1 / 10  # the live tail and footer are redrawn at most this often
-LEGEND = ("τ: tokens committed per target forward (1 = plain decoding) · "
-          "accepted: histogram of drafts accepted per step, 0 on the left · "
-          "pos %: how often the drafter's k-th token was accepted, k = 1, 2, …")
+LEGEND = """\
+footer: τ = tokens committed per target forward (accepted drafts + 1; plain decoding: 1.00)
+        accepted drafts/step = histogram of the drafts each step accepted, 0 on the left
+        accept % by draft position = how often the drafter's k-th token was accepted, k = 1, 2, …"""
 
 
 class StreamView:
@@ -65,7 +66,8 @@ class StreamView:
             self._live.__exit__(*exc)
             if tail.plain:
                 self.console.print(tail, soft_wrap=True)
-            self.console.print(self.footer(), style="dim", soft_wrap=False)
+            if self.n_tokens:  # the final footer stays, once, under the answer
+                self.console.print(self.footer(), style="dim", soft_wrap=False)
         elif self.n_tokens:
             sys.stdout.write("\n")
             sys.stdout.flush()
