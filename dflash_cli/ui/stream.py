@@ -67,7 +67,7 @@ class StreamView:
             if tail.plain:
                 self.console.print(tail, soft_wrap=True)
             if self.n_tokens:  # the final footer stays, once, under the answer
-                self.console.print(self.footer(), style="dim", soft_wrap=False)
+                self.console.print(self.footer(final=True), style="dim", soft_wrap=False)
         elif self.n_tokens:
             sys.stdout.write("\n")
             sys.stdout.flush()
@@ -112,7 +112,7 @@ class StreamView:
     def _print_overlong(self) -> None:
         """An unfinished line taller than a few rows: print its full rows now (the live region must fit)."""
         width = max(self.console.width, 20)
-        rows = max(2, self.console.height // 3)
+        rows = max(1, self.console.height // 3)
         if cell_len(self.tail.plain) <= width * rows:
             return
         plain, cells, cut = self.tail.plain, 0, 0
@@ -131,10 +131,21 @@ class StreamView:
             return 0.0
         return self.t_last - self.t0 - self.ttft
 
-    def footer(self) -> Text:
-        lines = footer_lines(self.n_tokens, self.ttft, self.elapsed_decode(), self.steps, self.console.width,
-                             self.finish_reason)
-        return Text("\n".join(lines), no_wrap=True, overflow="ellipsis")
+    def footer(self, final: bool = False) -> Text:
+        """The footer, cut to the terminal: no line wider than it, and in a short terminal fewer lines (the
+        live region must stay well inside the screen, or each redraw would leave a copy in the scrollback)."""
+        width, height = max(self.console.width, 10), self.console.height
+        lines = footer_lines(self.n_tokens, self.ttft, self.elapsed_decode(), self.steps, width, self.finish_reason)
+        if not final:
+            lines = lines[: max(1, height // 4)]
+        text = Text()
+        for i, line in enumerate(lines):
+            piece = Text(line)
+            piece.truncate(width, overflow="ellipsis")
+            text.append_text(piece)
+            if i < len(lines) - 1:
+                text.append("\n")
+        return text
 
     def _render(self):
         footer = self.footer()
