@@ -1,5 +1,6 @@
 """Regenerate docs/terminal.svg: a real `dflash generate` on the demo, rendered by Rich at 80 columns."""
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,10 +22,10 @@ class _NoLive:  # what stays on the terminal, without the intermediate redraws o
 StreamView.__enter__ = lambda self: (setattr(self, "_live", _NoLive()), self)[1]
 
 console = Console(record=True, width=80, force_terminal=True, color_system="truecolor", file=open("/dev/null", "w"))
-prompt = sys.argv[1] if len(sys.argv) > 1 else "class Point:\n    def __init__(self, x, y):\n        self.x = x"
-console.print("$ dflash generate --prompt " + repr(prompt).replace("'", '"') + " --show-drafts", style="bold")
+prompt = sys.argv[1] if len(sys.argv) > 1 else "# Licensed under the Apache License"
+console.print(f"$ dflash generate --show-drafts -n 100 -p {shlex.quote(prompt)}", style="bold")
 console.print(prompt, end="")
-run_generate(GenerateOptions(prompt=prompt, max_tokens=120, show_drafts=True), console)
+run_generate(GenerateOptions(prompt=prompt, max_tokens=100, show_drafts=True), console)
 out = Path(__file__).with_name("terminal.svg")
 console.save_svg(str(out), title="dflash generate")
 print(f"wrote {out}")
