@@ -11,7 +11,9 @@ from ..errors import DflashError
 from ..loading.bundle import Bundle
 
 DEFAULT_MAX_TOKENS = 512
-SMALL_MODEL_BYTES = 256 * 2**20  # below this, one thread is fastest on CPU (the demo: 63 tok/s on 1 thread, 5 on 2 busy ones)
+# Below this, one thread: the demo target (15 MB) on a 2-core CPU decodes 194-224 tok/s on 1 thread, 168-257 on 2 when
+# the machine is idle, but 63 on 1 and 5 on 2 when another process keeps a core busy (torch threads wait on it).
+SMALL_MODEL_BYTES = 256 * 2**20
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
