@@ -160,3 +160,19 @@ def test_chat_keeps_answering_after_the_context_fills(term):
     assert "dropped the oldest" in t.text() and "/clear" not in t.text()
     t.send("/exit\r")
     assert t.wait_exit(30) == 0
+
+
+def test_ctrl_c_stops_a_chat_answer_and_the_chat_goes_on(term):
+    t = term("chat", *DEMO, "--max-tokens", "900", "--no-repeat-guard")
+    t.wait_text(">>>")
+    t.send("import os\r")
+    t.wait_for(lambda t: re.search(r"^[1-9]\d+ tok · ", t.text(), re.M), 60, "the answer streaming")
+    t.send("\x03")
+    t.wait_for(lambda t: "[stopped]" in t.text() and t.lines()[-1].startswith(">>>"), 30, "[stopped] and a prompt")
+    assert "[interrupted]" in t.text()  # the footer says why the answer ended
+    t.send("/stats\r")
+    t.wait_text("finish interrupted")
+    rate = float(re.search(r"last answer: \d+ tok · ([\d.]+) tok/s", t.text()).group(1))
+    assert rate > 0
+    t.send("\x04")
+    assert t.wait_exit(30) == 0

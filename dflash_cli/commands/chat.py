@@ -312,9 +312,9 @@ class ChatRepl:
         last = self.results[-1].stats()
         total_tokens = sum(len(r.tokens) for r in self.results)
         self.say(f"last answer: {len(self.results[-1].tokens)} tok · {last['decode_tok_per_s']:.1f} tok/s · "
-                 f"first token {last['ttft_s'] * 1000:.0f} ms · τ {last['mean_accepted']:.2f} · "
-                 f"finish {self.reasons[-1]}", "")
-        self.say(f"  {last['steps']} steps · draft {last['draft_s']:.3f} s · verify {last['verify_s']:.3f} s", "")
+                 f"τ {last['mean_accepted']:.2f} · finish {self.reasons[-1]}", "")
+        self.say(f"  first token {last['ttft_s'] * 1000:.0f} ms · {last['steps']} steps · draft {last['draft_s']:.3f} s · "
+                 f"verify {last['verify_s']:.3f} s", "")
         self.say(f"session: {total_tokens} tokens in {len(self.results)} answers", "")
 
 
