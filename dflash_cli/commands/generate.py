@@ -70,6 +70,9 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         if trace:
             trace.close()
     reason = finish_reason(result, guard)
+    if reason == "repetition" and console.is_terminal and not o.json:
+        console.print("[stopped: the answer was repeating itself; --no-repeat-guard to allow it]", style="dim",
+                      markup=False, highlight=False)
     stats = json_stats(result.stats())
     if o.json:
         visible = [t for t in result.tokens if t not in set(tok.stop_ids)]
