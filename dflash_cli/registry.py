@@ -60,6 +60,7 @@ class ModelEntry:
     draft_len: int | None = None
     generation: dict = field(default_factory=dict)  # temperature, top_p, top_k
     description: str = ""
+    bench_prompts: Path | None = None  # `dflash bench`'s default prompt set for this model (JSONL)
 
 
 @dataclass(frozen=True)
@@ -132,4 +133,5 @@ def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
         draft_len=spec.get("draft_len"),
         generation=dict(spec.get("generation", {})),
         description=spec.get("description", ""),
+        bench_prompts=Path(src(spec["bench_prompts"]).ref) if isinstance(spec.get("bench_prompts"), str) else None,
     )

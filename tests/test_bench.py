@@ -1,6 +1,7 @@
 """`dflash bench` on tiny models: all three modes, table + JSON, and --synthetic at the two exact τ ends."""
 
 import json
+import re
 
 import pytest
 
@@ -64,8 +65,8 @@ def test_bench_all_three_modes_table_and_json(cli, registry, tmp_path):
         assert m["runs"] == 2 and m["decode_tok_per_s"] > 0 and m["speedup"] > 0
         assert m["generated_tokens"] > 0
     dflash, eagle = rep["modes"][1], rep["modes"][2]
-    assert len(dflash["accept_hist"]) == BLOCK  # 0..5 accepted drafts
-    assert len(eagle["accept_hist"]) == CHAIN + 1
+    assert len(dflash["accepted_drafts_hist"]) == BLOCK  # 0..5 accepted drafts
+    assert len(eagle["accepted_drafts_hist"]) == CHAIN + 1
     assert dflash["draft_ms_per_step"] > 0 and eagle["verify_ms_per_step"] > 0
     # Lossless: the same greedy tokens in every mode.
     per = rep["per_run"]
@@ -87,10 +88,10 @@ def test_synthetic_forced_tau_is_what_the_label_says(cli, registry, tmp_path, ta
     dflash, eagle = rep["modes"][1], rep["modes"][2]
     if tau == 1.0:
         assert dflash["tau"] == 1.0 and eagle["tau"] == 1.0
-        assert dflash["accept_hist"][0] == sum(dflash["accept_hist"])
+        assert dflash["accepted_drafts_hist"][0] == sum(dflash["accepted_drafts_hist"])
     else:
         assert dflash["tau"] == float(BLOCK)
-        assert dflash["accept_hist"][-1] == sum(dflash["accept_hist"])
+        assert dflash["accepted_drafts_hist"][-1] == sum(dflash["accepted_drafts_hist"])
         assert eagle["tau"] == float(CHAIN + 1)  # forced τ is capped by the chain length
 
 
@@ -177,3 +178,70 @@ def test_forced_proposals_are_the_sequence_then_one_wrong_token():
         head = truth[:n] + [(t + 1) % vocab for t in truth[n:]]
         assert got.tolist() == head + drafts.tolist()[len(head):], (pos, n)
         assert forced.forced == n
+
+
+# Issue 43: Ctrl-C, output paths, --synthetic's memory and progress, the demo's own prompt set.
+
+def test_ctrl_c_stops_the_bench_and_no_cut_short_run_is_tabled(cli, registry, tmp_path, monkeypatch):
+    """Before: Ctrl-C ended one generation; the bench went on, exited 0 and tabled the cut-short runs."""
+    from dflash_cli.bench import run as bench_run
+
+    real, calls = bench_run.generate, []
+
+    def ctrl_c_on_third(session, decoder, req, on_step=None):
+        calls.append(1)
+        if len(calls) == 3:
+            def on_step(step):
+                raise KeyboardInterrupt
+        return real(session, decoder, req, on_step=on_step)
+
+    monkeypatch.setattr(bench_run, "generate", ctrl_c_on_third)
+    out = tmp_path / "b.json"
+    r = cli("bench", "--prompts", registry / "prompts.jsonl", "--max-tokens", "4", "--repeat", "3", "--json", out)
+    assert r.code == 130 and r.err.strip() == "interrupted" and len(calls) == 3
+    assert "tok/s" not in r.out and not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_output_paths_are_checked_before_the_first_run(cli, registry, tmp_path, monkeypatch, flag):
+    """Before: an unwritable --json/--plot path failed only after the whole bench."""
+    from dflash_cli.bench import run as bench_run
+
+    monkeypatch.setattr(bench_run, "BenchTarget", lambda o: (_ for _ in ()).throw(AssertionError("bench ran")))
+    r = cli("bench", flag, tmp_path / "missing" / "out.x")
+    assert r.code == 1 and r.err.startswith("error: cannot write " + flag) and "no such folder" in r.err
+    r = cli("bench", flag, tmp_path)
+    assert r.code == 1 and "is a folder" in r.err
+
+
+def test_synthetic_says_what_memory_it_needs_and_shows_warm_up_progress(cli, registry, tmp_path, monkeypatch):
+    """Before: --synthetic on CPU allocated 16-18 GB without a word and showed nothing during its warm-up."""
+    from dflash_cli.bench import run as bench_run
+    from dflash_cli.commands import bench as bench_cmd
+
+    r = cli("bench", "--synthetic", "--draft", "dflash", "--prompts", registry / "prompts.jsonl", "--max-tokens", "3")
+    assert r.code == 0, r.err
+    assert re.search(r"random float32 weights of the target need [\d.]+ GB of cpu memory", r.out)
+    monkeypatch.setattr(bench_cmd, "_available_memory", lambda: 1000)
+    r = cli("bench", "--synthetic", "--draft", "dflash", "--prompts", registry / "prompts.jsonl", "--max-tokens", "3")
+    assert r.code == 1 and "only 0.0 GB is available" in r.err
+    seen = []
+    bench_run.run_modes(bench_run.BenchOptions(draft="dflash", synthetic=True, prompts=registry / "prompts.jsonl",
+                                               max_tokens=3), on_progress=lambda *a: seen.append(a))
+    assert ("none warm-up", 1, 2) in seen and ("dflash warm-up", 2, 2) in seen and ("dflash", 2, 2) in seen
+
+
+def test_demo_bench_uses_its_own_python_prompts(cli, tmp_path):
+    """Before: the demo (it only knows Python) was benched on chat/math/summarisation prompts."""
+    from dflash_cli.bench.run import BUILTIN_PROMPTS, load_prompts
+    from dflash_cli.registry import Registry
+
+    demo = Registry.load().entries["demo"]
+    assert demo.bench_prompts and demo.bench_prompts.is_file() and demo.bench_prompts != BUILTIN_PROMPTS
+    assert Registry.load().entries["qwen3-4b"].bench_prompts is None  # general models: the built-in mix
+    out = tmp_path / "demo.json"
+    r = cli("bench", "--max-tokens", "2", "--json", out)
+    assert r.code == 0, r.err
+    rep = json.loads(out.read_text())
+    assert [p["category"] for p in rep["prompts"]] == [p["category"] for p in load_prompts(demo.bench_prompts)]
+    assert "chat" not in {p["category"] for p in rep["prompts"]}

@@ -97,11 +97,23 @@ def test_stats_unknown_command_and_eof(chat):
     assert clean(chat("")) == ""
 
 
-def test_full_context_says_so_and_clear_recovers(chat):
-    out = clean(chat("Hi\nHi again\n/clear\nHi\n/stats\n", "--context", "20", "--max-tokens", "50"))
-    full = [line for line in out.splitlines() if "context is full" in line]
-    assert full and all("/clear" in line for line in full)
-    assert "conversation cleared" in out and re.search(r"context \d+/20 tokens · 1 turns", out)
+def test_full_context_drops_the_oldest_turns_and_keeps_answering(chat, prompts):
+    """Before: once full, every turn was refused until /clear. Now the oldest turns go, the system prompt stays."""
+    turns = [f"Message {i}" for i in range(6)]
+    out = clean(chat("\n".join(turns) + "\n/stats\n", "--context", "64", "--max-tokens", "8", "--system", "S."))
+    assert len(prompts) == 6, out  # every message was answered
+    dropped = [line for line in out.splitlines() if "dropped the oldest" in line]
+    assert dropped and "system prompt stays" in dropped[0]
+    assert "/clear" not in out and "context is full (" not in out
+    assert re.search(r"context \d+/64 tokens", out)
+
+
+def test_default_answer_budget_fits_the_context(cli, tiny_model, monkeypatch):
+    from dflash_cli.commands.chat import default_max_tokens
+
+    assert default_max_tokens(1024) == 512 and default_max_tokens(32768) == 2048
+    res = cli("chat", tiny_model, "--draft", "none", "--context", "32", "--max-tokens", "40")
+    assert res.code == 1 and "does not fit the context of 32" in res.err
 
 
 def test_context_flag_out_of_range(cli, tiny_model):
@@ -259,3 +271,69 @@ def test_ctrl_c_at_the_prompt_does_not_leave(chat, monkeypatch):
     res = chat("", "--max-tokens", "2")
     assert res.code == 0 and "Traceback" not in res.err
     assert next(lines, None) is None  # every line was read
+
+
+# Issue 43: /help, /set, /load, multi-line input, /think on a model without thinking, honest stats.
+
+def test_help_is_a_command(chat):
+    """Before: `/help` was an "unknown command"."""
+    out = clean(chat("/help\n"))
+    assert "unknown command" not in out and "/set NAME VALUE" in out and "/load FILE" in out
+
+
+def test_set_changes_settings_and_rejects_bad_values(chat, prompts):
+    out = clean(chat("/set temperature 0.5\n/set top_k 7\n/set max_tokens 3\n/set draft none\n/set top_p lots\n"
+                     "/set colour blue\n/set temperature -1\n/set\nHi\n/stats\n"))
+    assert re.search(r"temperature 0.5 · top_p [\d.]+ · top_k 7 · max_tokens 3 · draft none", out)
+    assert "not a number: lots" in out and "unknown setting colour" in out and "error: --temperature" in out
+    assert re.search(r"last answer: [1-3] tok", out)
+
+
+def test_load_continues_a_saved_conversation(chat, tmp_path, prompts, tiny_model):
+    from dflash_cli.loading.tokenizer import ChatTokenizer
+
+    saved = tmp_path / "c.json"
+    clean(chat(f"/system Be brief.\nFirst question\n/save {saved}\n"))
+    out = clean(chat(f"/load {saved}\nSecond question\n/stats\n/load {tmp_path / 'nope.json'}\n"))
+    assert "loaded 2 messages" in out and "1 turns" not in out and re.search(r"· 2 turns", out)
+    assert "error: cannot load" in out
+    second = ChatTokenizer(tiny_model).decode(prompts[-1])
+    assert second.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nFirst question<|im_end|>")
+
+
+def test_triple_quotes_make_one_multi_line_message(chat, prompts, tiny_model):
+    from dflash_cli.loading.tokenizer import ChatTokenizer
+
+    clean(chat('"""\nclass A:\n    x = 1\n"""\n/stats\n'))
+    assert len(prompts) == 1
+    assert "user\nclass A:\n    x = 1<|im_end|>" in ChatTokenizer(tiny_model).decode(prompts[0])
+
+
+def test_think_on_a_model_without_thinking_says_so(cli, monkeypatch):
+    """Before: `/think on` on the demo (no thinking mode) answered "thinking on"."""
+    monkeypatch.setenv("COLUMNS", "250")
+    res = cli("chat", "demo", "--draft", "none", "--max-tokens", "2", stdin="/think on\n")
+    assert res.code == 0 and "has no thinking mode" in res.out and "thinking on" not in res.out
+
+
+def test_interrupted_answer_stats_are_honest(repl, monkeypatch):
+    """Before: /stats showed 0.0 tok/s for an interrupted answer."""
+    import time
+
+    repl.bundle.tokenizer.stop_ids = []
+    real, calls = StreamView.on_step, []
+
+    def on_step(self, step):
+        calls.append(step)
+        time.sleep(0.005)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        real(self, step)
+
+    with monkeypatch.context() as m:
+        m.setattr(StreamView, "on_step", on_step)
+        repl.answer("Tell me a long story.")
+    repl.print_stats()
+    out = repl.console.file.getvalue()
+    assert repl.results[-1].decode_tok_per_s > 0 and "finish interrupted" in out
+    assert re.search(r"last answer: 6 tok · [1-9][\d.]* tok/s", out)

@@ -1,6 +1,8 @@
 """`dflash generate`, `dflash models` and `--help` end to end on the tiny checkpoint (plain decoding)."""
 
 import json
+import os
+import re
 
 import pytest
 
@@ -117,8 +119,8 @@ def test_json_fields_and_max_tokens(gen, tok):
     assert data["prompt_tokens"] == len(tok.encode(tok.render_chat([{"role": "user", "content": "hi"}])))
     assert stats["ttft_s"] > 0 and stats["decode_tok_per_s"] >= 0
     assert stats["steps"] == len(tokens) - 1  # plain decoding: one token per step after the first
-    assert stats["draft_kind"] == "none" and stats["accept_hist"] == [stats["steps"]]
-    assert stats["mean_accepted"] == 1.0
+    assert stats["draft_kind"] == "none" and stats["accepted_drafts_hist"] == [stats["steps"]]
+    assert stats["tau_tokens_per_step"] == 1.0
 
 
 def test_trace_file_has_one_line_per_step(gen, tmp_path):
@@ -222,3 +224,148 @@ def test_empty_prompt_with_nothing_pending_is_a_clear_error(tiny_model):
     # A pending token (the last answer token) is something to continue from.
     more = generate(session, PlainDecoder(), Request([], SamplingParams(), 2))
     assert len(more.tokens) == 2 and session.length == 3 + len(first.tokens) + 1
+
+
+# Issue 43: input checks up front, honest statistics, --version, help texts, --context, --threads.
+
+@pytest.mark.parametrize("flags,needle", [
+    (["-p", ""], "the prompt is empty (--prompt)"),
+    (["-p", "  \n\t "], "only whitespace (--prompt)"),
+    (["--prompt-file", "blank.txt"], "only whitespace (prompt file"),
+])
+def test_empty_or_blank_prompts_from_any_source_are_an_error(gen, no_weights, flags, needle, tmp_path, monkeypatch):
+    """Before: `--prompt ""` or a blank file generated 512 newlines and exited 0."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    res = gen(*flags)
+    assert_one_line_error(res, needle)
+    assert gen(stdin=" \n").err.strip() == "error: the prompt is only whitespace (stdin)"
+
+
+def test_draft_len_above_the_drafters_maximum_is_an_error(cli):
+    """Before: silently clamped to the drafter's maximum."""
+    res = cli("generate", "-p", "def f():", "--draft", "dflash", "--draft-len", "40", "-n", "4")
+    assert_one_line_error(res, "--draft-len 40", "at most 15")
+    res = cli("generate", "-p", "def f():", "--draft", "dflash", "--draft-len", "15", "-n", "4", "--json")
+    assert res.code == 0, res.err
+
+
+def test_version_and_exit_codes(cli):
+    from importlib.metadata import version
+
+    res = cli("--version")
+    assert res.code == 0 and res.out.strip() == f"dflash {version('dflash-cli')}"
+    assert "130" in cli("--help").out and "2 usage" in cli("--help").out
+
+
+def test_every_option_has_help_text():
+    """Before: --prompt, --prompt-file, --system, --top-p, --top-k, --seed, bench's --max-tokens, --repeat had none."""
+    import typer.main
+
+    from dflash_cli.cli.app import app
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        for param in command.params:
+            if param.name != "help":
+                assert getattr(param, "help", None), f"dflash {name}: {param.opts or param.name} has no help text"
+
+
+def test_flags_are_declared_once():
+    """Each command's flags are its options dataclass's fields: the command builds the options by keyword."""
+    import dataclasses
+    import inspect
+
+    import typer.main
+
+    from dflash_cli.cli import options
+    from dflash_cli.cli.app import app
+
+    group = typer.main.get_command(app)
+    for name, cls in [("generate", options.GenerateOptions), ("chat", options.ChatOptions),
+                      ("bench", options.BenchOptions), ("train", options.TrainOptions)]:
+        params = {p.name for p in group.commands[name].params} - {"help"}
+        fields = {f.name for f in dataclasses.fields(cls)} - {"drafts", "seed"} | ({"seed"} if name != "bench" else set())
+        assert params == fields, name
+    app_source = inspect.getsource(__import__("dflash_cli.cli.app", fromlist=["x"]))
+    assert "--prompt" not in app_source and "--max-tokens" not in app_source  # no second declaration
+
+
+def test_stats_go_to_stderr_when_stdout_is_not_a_terminal(gen):
+    """Before: with stdout redirected no statistics were shown anywhere."""
+    res = gen("-p", "hi", "-n", "6", "--stats", *GREEDY)
+    assert res.code == 0, res.err
+    assert "tok/s" not in res.out and re.match(r"\d+ tok · [\d.]+ tok/s · first token \d+ ms", res.err)
+
+
+def test_context_flag_and_a_full_context_finish_reason(gen, tok):
+    """`generate --context`: a generation stopped by the context reports finish_reason "context"."""
+    tok.stop_ids = []
+    res = gen("-p", "hi", "-n", "200", "--context", "24", "--json", "--no-repeat-guard", *GREEDY)
+    assert res.code == 0, res.err
+    data = res.json()
+    if data["finish_reason"] != "stop":
+        assert data["finish_reason"] == "context" and data["prompt_tokens"] + len(data["tokens"]) <= 24
+    assert_one_line_error(gen("-p", "hi", "--context", "8"), "--context must be between 16 and")
+
+
+def test_repetition_guard_stops_a_loop_and_can_be_turned_off(gen, monkeypatch):
+    from dflash_cli.commands import common
+
+    monkeypatch.setattr(common.RepetitionGuard, "looping", lambda self, toks: len(toks) >= 5)
+    res = gen("-p", "hi", "-n", "30", "--json", *GREEDY)
+    data = res.json()
+    assert res.code == 0 and (data["finish_reason"] == "repetition" and len(data["tokens"]) == 5
+                              or data["finish_reason"] == "stop")
+    res = gen("-p", "hi", "-n", "30", "--json", "--no-repeat-guard", *GREEDY)
+    assert res.json()["finish_reason"] != "repetition"
+
+
+def test_interrupted_generate_keeps_its_tok_s_and_says_interrupted(gen, monkeypatch):
+    """Before: finish_reason "length" and 0.0 tok/s for an interrupted answer."""
+    import time
+
+    from dflash_cli.commands import generate as g
+
+    calls = []
+
+    def slow_then_ctrl_c(step):
+        calls.append(step)
+        time.sleep(0.01)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+
+    real_tee = g.tee
+    monkeypatch.setattr(g, "tee", lambda *fns: real_tee(*fns, slow_then_ctrl_c))
+    res = gen("-p", "hi", "-n", "50", "--json", "--no-repeat-guard", "--temperature", "1", "--seed", "1")
+    assert res.code == 130
+    data = json.loads(res.out)
+    assert data["finish_reason"] == "interrupted" and data["stats"]["decode_tok_per_s"] > 0
+
+
+def test_threads_default_never_oversubscribes(monkeypatch, tmp_path):
+    import torch
+
+    from dflash_cli.commands import common
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    (tmp_path / "model.safetensors").write_bytes(b"0" * 1000)
+    assert common.set_threads(None, tmp_path, "cpu") == 1  # a small model: one thread is fastest
+    monkeypatch.setattr(common, "weights_bytes", lambda folder: 2**33)
+    assert 1 <= common.set_threads(None, tmp_path, "cpu") == common.physical_cores() <= len(os.sched_getaffinity(0))
+    assert common.set_threads(3, tmp_path, "cpu") == 3
+    assert common.set_threads(None, tmp_path, "cuda") is None
+
+
+def test_demo_completes_the_prompt_line_without_a_spurious_newline(cli):
+    """Before: the demo's template appended a newline, so `def fibonacci(n):` got a new `def ...` after it."""
+    from dflash_cli.loading.tokenizer import ChatTokenizer
+    from dflash_cli.registry import Registry
+    from dflash_cli.training.bpe import CHAT_TEMPLATE
+
+    tok = ChatTokenizer(Registry.load().entries["demo"].target.path())
+    assert tok.render_chat([{"role": "user", "content": "def fibonacci(n):"}]) == "def fibonacci(n):"
+    assert tok.template_text == CHAT_TEMPLATE  # `dflash train` writes the same template
+    res = cli("generate", "-p", "def fibonacci(n):", "-n", "24", "--json")
+    data = res.json()
+    assert res.code == 0 and not data["text"].lstrip().startswith("def ")

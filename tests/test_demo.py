@@ -41,7 +41,7 @@ def test_generate_demo_offline_with_speculation(cli, monkeypatch, draft):
     plain = json.loads(cli("generate", "--model", "demo", "--prompt", "def fibonacci(n):", "--draft", "none",
                            "--max-tokens", "48", "--json").out)
     assert res["tokens"] == plain["tokens"]  # greedy by the registry's default: lossless
-    assert res["stats"]["draft_kind"] == draft and res["stats"]["mean_accepted"] > 1.0
+    assert res["stats"]["draft_kind"] == draft and res["stats"]["tau_tokens_per_step"] > 1.0
     assert res["text"].strip()
 
 

@@ -29,7 +29,7 @@ def print_table(rep: dict, console: Console) -> None:
             f"{m['speedup']:.2f}×" if m["speedup"] else "—",
             f"{m['ttft_s'] * 1000:.1f}",
             f"{m['tau']:.2f}" if spec else "1.00",
-            histogram(m["accept_hist"]) if spec else "",
+            histogram(m["accepted_drafts_hist"]) if spec else "",
             f"{m['draft_ms_per_step']:.2f}" if spec else "—",
             f"{m['verify_ms_per_step']:.2f}",
             f"{m['step_ms']:.2f}",
@@ -70,9 +70,9 @@ def write_plot(rep: dict, path: Path) -> None:
     axes[0].set_ylabel("decode tok/s")
     axes[0].set_title(f"{rep['model']} on {rep['device']}" + (" (synthetic)" if rep["synthetic"] else ""))
     for m in modes:
-        if m["draft_kind"] != "none" and m["accept_hist"]:
-            total = sum(m["accept_hist"]) or 1
-            axes[1].plot(range(len(m["accept_hist"])), [c / total for c in m["accept_hist"]], marker="o", label=m["mode"])
+        if m["draft_kind"] != "none" and m["accepted_drafts_hist"]:
+            total = sum(m["accepted_drafts_hist"]) or 1
+            axes[1].plot(range(len(m["accepted_drafts_hist"])), [c / total for c in m["accepted_drafts_hist"]], marker="o", label=m["mode"])
     axes[1].set_xlabel("accepted drafts per step")
     axes[1].set_ylabel("fraction of steps")
     axes[1].legend() if axes[1].lines else axes[1].text(0.5, 0.5, "no drafter", ha="center")

@@ -9,41 +9,20 @@ from pathlib import Path
 
 import torch
 
+from ..cli.options import BenchOptions
 from ..runtime.generation import PlainDecoder, Request, Result, generate
 from ..runtime.graphs import Totals
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import Session
 from ..errors import DflashError
+from ..ui.stream import json_stats
 from .forced import ForcedAcceptance, ForcedDecoder
 
 BUILTIN_PROMPTS = Path(__file__).with_name("prompts.jsonl")
 
 
-@dataclass
-class BenchOptions:
-    model: str | None = None
-    drafts: list[str] = field(default_factory=lambda: ["none", "dflash"])
-    prompts: Path | None = None
-    max_tokens: int = 256
-    temperature: float = 0.0
-    repeat: int = 1
-    device: str | None = None
-    dtype: str | None = None
-    json: Path | None = None
-    plot: Path | None = None
-    synthetic: bool = False
-    synthetic_tau: float | None = None
-    synthetic_prompt_len: int = 128
-    seed: int = 0
-    draft_len: int | None = None
-
-
 def parse_drafts(text: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise DflashError("--draft needs at least one mode (none, dflash, eagle3, or a drafter path/repo)")
-    # Plain decoding is the baseline every speedup is measured against: always run it first.
-    return ["none"] + [d for d in dict.fromkeys(items) if d != "none"]
+    return BenchOptions(draft=text).drafts
 
 
 def load_prompts(path: Path | None) -> list[dict]:
@@ -93,8 +72,8 @@ class ModeRun:
             "decode_tok_per_s": round(tokens / decode, 3) if decode else 0.0,
             "ttft_s": round(sum(r.ttft_s for r in rs) / len(rs), 6),
             "tau": st["mean_accepted"],
-            "accept_hist": st["accept_hist"],
-            "accept_by_position": st["accept_by_position"],
+            "accepted_drafts_hist": st["accept_hist"],  # [i] = steps that accepted i drafts
+            "accept_rate_by_position": st["accept_by_position"],
             "draft_ms_per_step": round(st["draft_s"] / n * 1000, 4),
             "verify_ms_per_step": round(st["verify_s"] / n * 1000, 4),
             "step_ms": round(decode / n * 1000, 4),
@@ -113,7 +92,8 @@ class BenchTarget:
         self._decoders: dict = {}  # one decoder (and drafter, with its graphs) per mode, built once
         entry = self.entry = Registry.load().resolve(o.model)
         self.name = entry.name
-        self.prompts = load_prompts(o.prompts)
+        # --prompts, else the entry's own set (the demo: Python), else the built-in mix
+        self.prompts = load_prompts(o.prompts or (None if o.synthetic else entry.bench_prompts))
         if o.synthetic:
             from ..synthetic import random_qwen3
 
@@ -183,7 +163,10 @@ def _proposer(kind: str, drafter):
 
 
 def run_modes(o: BenchOptions, on_progress=None) -> dict:
-    """Run all modes; returns the report dict (figures, device, versions)."""
+    """Run all modes; returns the report dict (figures, device, versions).
+
+    Ctrl-C stops the whole bench at once (KeyboardInterrupt propagates): a run cut short never enters a table.
+    `on_progress(label, done, total)` follows the warm-up and the timed runs."""
     if o.max_tokens < 1 or o.repeat < 1:
         raise DflashError("--max-tokens and --repeat must be >= 1")
     if o.synthetic and o.temperature > 0:
@@ -211,6 +194,10 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
                 req = Request(ids, params, o.max_tokens, bt.stop_ids)
                 before = Totals.snapshot()
                 r = generate(session, decoder, req)
+                if r.interrupted:
+                    raise KeyboardInterrupt  # generate() keeps a chat usable after Ctrl-C; a bench just stops
+                if rep == 0 and on_progress:
+                    on_progress(f"{mode} warm-up", i + 1, len(bt.prompt_ids))
                 if rep > 0:
                     after = Totals.snapshot()
                     run.shapes_timed += after[0] - before[0]
@@ -258,5 +245,5 @@ def report(o: BenchOptions, bt: BenchTarget, runs: list[ModeRun]) -> dict:
         "prompts": [{"category": p["category"], "prompt_tokens": len(ids)} for p, ids in zip(bt.prompts, bt.prompt_ids)],
         "modes": summaries,
         "per_run": {r.mode: [{"tokens": len(x.tokens), "decode_s": round(x.decode_s, 6), "ttft_s": round(x.ttft_s, 6),
-                              "steps": len(x.steps), **x.stats()} for x in r.results] for r in runs},
+                              "steps": len(x.steps), **json_stats(x.stats())} for x in r.results] for r in runs},
     }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -13,21 +12,9 @@ from rich.console import Console
 
 from .. import tuning
 from ..errors import DflashError
+from .options import BenchOptions, ChatOptions, GenerateOptions, TrainOptions, command
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Local LLM inference with speculative decoding (DFlash, EAGLE-3).")
-
-MODEL = typer.Option(None, "--model", "-m", help="Registry name, local folder or Hub repo id.")
-DEVICE = typer.Option(None, help="cpu, cuda or cuda:N (default: cuda if available).")
-DTYPE = typer.Option(None, help="bfloat16, float16 or float32 (default: bf16 on GPU, fp32 on CPU).")
-TEMP = typer.Option(None, help="0 = greedy (default: the model's recommended value).")
-TOP_P = typer.Option(None, "--top-p")
-TOP_K = typer.Option(None, "--top-k")
-DRAFT = typer.Option(None, "--draft", help="none, dflash, eagle3, or a drafter folder / Hub repo (default: dflash if registered).")
-DRAFT_LEN = typer.Option(None, "--draft-len", help="Draft tokens per step (default: the drafter's block or the registry's).")
-SHOW_DRAFTS = typer.Option(False, "--show-drafts", help="Colour tokens that came from accepted drafts.")
-THINK = typer.Option(None, "--think/--no-think", help="Qwen3 thinking mode (default: the template's).")
-
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
 def _console(min_width: int | None = None) -> Console:
     console = Console(highlight=False)
@@ -36,58 +23,29 @@ def _console(min_width: int | None = None) -> Console:
     return console
 
 
-@app.command()
-def generate(
-    model: Optional[str] = MODEL,
-    prompt: Optional[str] = typer.Option(None, "--prompt", "-p"),
-    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", "-f"),
-    system: Optional[str] = typer.Option(None, "--system"),
-    raw: bool = typer.Option(False, "--raw", help="Tokenize the prompt as is: no template, no special tokens added."),
-    think: Optional[bool] = THINK,
-    temperature: Optional[float] = TEMP,
-    top_p: Optional[float] = TOP_P,
-    top_k: Optional[int] = TOP_K,
-    max_tokens: int = typer.Option(512, "--max-tokens", "-n"),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    device: Optional[str] = DEVICE,
-    dtype: Optional[str] = DTYPE,
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the stream."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Write one JSON line per decoding step."),
-    draft: Optional[str] = DRAFT,
-    draft_len: Optional[int] = DRAFT_LEN,
-    show_drafts: bool = SHOW_DRAFTS,
-):
-    """Generate one answer to a prompt (--prompt, --prompt-file or stdin)."""
-    from ..commands.generate import GenerateOptions, run_generate
+def _version(value: bool) -> None:
+    if value:
+        try:
+            from importlib.metadata import version
 
-    run_generate(GenerateOptions(model, prompt, prompt_file, system, raw, think, temperature, top_p, top_k,
-                                 max_tokens, seed, device, dtype, json_out, trace, draft, draft_len,
-                                 show_drafts), _console())
+            ours = version("dflash-cli")
+        except Exception:
+            ours = "unknown"
+        print(f"dflash {ours}")
+        raise typer.Exit()
 
 
-@app.command()
-def chat(
-    model: Optional[str] = typer.Argument(None, help="Registry name, local folder or Hub repo id."),
-    system: Optional[str] = typer.Option(None, "--system"),
-    think: Optional[bool] = THINK,
-    temperature: Optional[float] = TEMP,
-    top_p: Optional[float] = TOP_P,
-    top_k: Optional[int] = TOP_K,
-    max_tokens: int = typer.Option(2048, "--max-tokens", "-n", help="Longest single answer."),
-    seed: Optional[int] = typer.Option(None, "--seed"),
-    context: Optional[int] = typer.Option(None, "--context", help="KV cache size in tokens."),
-    device: Optional[str] = DEVICE,
-    dtype: Optional[str] = DTYPE,
-    draft: Optional[str] = DRAFT,
-    draft_len: Optional[int] = DRAFT_LEN,
-    show_drafts: bool = SHOW_DRAFTS,
-):
-    """Interactive chat; the conversation stays in the KV cache between turns."""
-    from ..commands.chat import ChatOptions, run_chat
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                        help="Print the version and exit.")):
+    """Local LLM inference with speculative decoding (DFlash, EAGLE-3).
 
-    run_chat(ChatOptions(model, system, think, temperature, top_p, top_k, max_tokens, seed, context, device, dtype,
-                         draft, draft_len, show_drafts),
-             _console())
+    Exit codes: 0 success, 1 error, 2 usage error (bad flag or value), 130 interrupted (Ctrl-C)."""
+
+
+# Each command's flags are its options dataclass's fields (cli/options.py): declared once.
+app.command("generate")(command(GenerateOptions, "dflash_cli.commands.generate:run_generate", _console))
+app.command("chat")(command(ChatOptions, "dflash_cli.commands.chat:run_chat", _console))
 
 
 @app.command()
@@ -109,45 +67,8 @@ def pull(
     do_pull(model, drafters, _console())
 
 
-@app.command()
-def bench(
-    model: Optional[str] = MODEL,
-    draft: str = typer.Option("none,dflash", "--draft", help="Comma-separated modes: none, dflash, eagle3, drafter paths/repos."),
-    prompts: Optional[Path] = typer.Option(None, "--prompts", help="JSONL file, one {\"prompt\": ...} per line (default: built-in set)."),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
-    temperature: float = typer.Option(0.0, "--temperature"),
-    repeat: int = typer.Option(1, "--repeat"),
-    device: Optional[str] = DEVICE,
-    dtype: Optional[str] = DTYPE,
-    json_file: Optional[Path] = typer.Option(None, "--json", help="Write all figures to this JSON file."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw tok/s and accepted-length histograms (PNG)."),
-    synthetic: bool = typer.Option(False, "--synthetic", help="Random weights with the entry's exact shapes; no download."),
-    synthetic_tau: Optional[float] = typer.Option(None, "--synthetic-tau", help="Force this mean committed length."),
-    draft_len: Optional[int] = DRAFT_LEN,
-    synthetic_prompt_len: int = typer.Option(128, "--synthetic-prompt-len", help="Prompt length (tokens) with --synthetic."),
-):
-    """Compare plain decoding and drafters on the same prompts."""
-    from ..commands.bench import run_bench
-    from ..bench.run import BenchOptions, parse_drafts
-
-    run_bench(BenchOptions(model, parse_drafts(draft), prompts, max_tokens, temperature, repeat, device, dtype,
-                           json_file, plot, synthetic, synthetic_tau, draft_len=draft_len, synthetic_prompt_len=synthetic_prompt_len),
-              _console(min_width=160))
-
-
-@app.command()
-def train(
-    out: Path = typer.Argument(Path("dflash-demo"), help="Output folder (rerun to resume)."),
-    preset: str = typer.Option("demo", "--preset", help="demo (what ships, wants a GPU) or tiny (seconds on a CPU)."),
-    data: list[Path] = typer.Option([], "--data", help="Folders of Python source (default: this Python's standard library)."),
-    device: Optional[str] = DEVICE,
-    seed: int = typer.Option(0, "--seed"),
-    stages: Optional[str] = typer.Option(None, "--stages", help="Comma-separated subset of: tokenizer,target,distill,dflash,eagle3,evaluate."),
-):
-    """Train the demo pair: a tokenizer, a small Qwen3 target on Python source, and its DFlash and EAGLE-3 drafters."""
-    from ..commands.train import TrainOptions, run_train
-
-    run_train(TrainOptions(out, preset, list(data), device, seed, stages), _console())
+app.command("bench")(command(BenchOptions, "dflash_cli.commands.bench:run_bench", lambda: _console(min_width=160)))
+app.command("train")(command(TrainOptions, "dflash_cli.commands.train:run_train", _console))
 
 
 def main() -> None:

@@ -3,47 +3,34 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import sys
 from pathlib import Path
 
 from rich.console import Console
 
+from ..cli.options import GenerateOptions
 from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, generate
 from ..runtime.session import Session
 from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
-from ..ui.stream import StreamView
-from .common import DEFAULT_MAX_TOKENS, read_prompt, sampling_params
+from ..ui.stream import StreamView, footer_lines, json_stats
+from .common import (RepetitionGuard, check_draft_len, check_writable, finish_reason, read_prompt, sampling_params,
+                     set_threads, tee)
 
-
-@dataclass
-class GenerateOptions:
-    model: str | None = None
-    prompt: str | None = None
-    prompt_file: Path | None = None
-    system: str | None = None
-    raw: bool = False
-    think: bool | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    seed: int | None = None
-    device: str | None = None
-    dtype: str | None = None
-    json: bool = False
-    trace: Path | None = None
-    draft: str | None = None
-    draft_len: int | None = None
-    show_drafts: bool = False
+__all__ = ["GenerateOptions", "run_generate"]
 
 
 def run_generate(o: GenerateOptions, console: Console) -> None:
     text = read_prompt(o.prompt, o.prompt_file)
     if o.max_tokens < 1:
         raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
+    if o.draft_len is not None and o.draft_len < 1:
+        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
+    if o.threads is not None and o.threads < 1:
+        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
+    check_writable(o.trace, "--trace")
     bundle = open_bundle(Registry.load().resolve(o.model), o.device, o.dtype)
     tok = bundle.tokenizer
     if o.raw:
@@ -56,33 +43,50 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
     if not ids:
         raise DflashError("the prompt is empty")
     limit = bundle.context_limit()
-    if len(ids) >= limit:
-        raise DflashError(f"prompt is {len(ids)} tokens; the context holds {limit}")
+    if o.context is not None and not 16 <= o.context <= limit:
+        raise DflashError(f"--context must be between 16 and {limit} (got {o.context})")
+    context = o.context or limit
+    if len(ids) >= context:
+        raise DflashError(f"prompt is {len(ids)} tokens; the context holds {context}")
     params = sampling_params(bundle, o.temperature, o.top_p, o.top_k, o.seed)
+    set_threads(o.threads, bundle, bundle.device)
     trace = _open_trace(o.trace)  # early: a bad path fails before the weights load
+    guard = RepetitionGuard(o.repeat_guard)
     try:
         decoder = make_decoder(bundle, o.draft, o.draft_len)
-        # A little room past max_tokens so the last speculative steps keep their full block.
-        session = Session(bundle.load_model(), max_len=min(limit, len(ids) + o.max_tokens + 32))
+        check_draft_len(decoder, o.draft_len)
+        # A little room past max_tokens so the last speculative steps keep their full block (--context: no more).
+        max_len = min(context, len(ids) + o.max_tokens + 32) if o.context is None else context
+        session = Session(bundle.load_model(), max_len=max_len)
         req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
+        on_step = tee(guard.on_step, _tracer(trace))
         if o.json:
-            result = generate(session, decoder, req, on_step=_tracer(trace))
+            result = generate(session, decoder, req, on_step=on_step)
         else:
             with StreamView(console, tok, tok.stop_ids, show_drafts=o.show_drafts) as view:
-                result = generate(session, decoder, req, on_step=_tee(view.on_step, _tracer(trace)))
+                result = generate(session, decoder, req, on_step=tee(view.on_step, on_step))
+                view.finish_reason = finish_reason(result, guard)
     finally:
         if trace:
             trace.close()
+    reason = finish_reason(result, guard)
+    if reason == "repetition" and console.is_terminal and not o.json:
+        console.print("[stopped: the answer was repeating itself; --no-repeat-guard to allow it]", style="dim",
+                      markup=False, highlight=False)
+    stats = json_stats(result.stats())
     if o.json:
         visible = [t for t in result.tokens if t not in set(tok.stop_ids)]
         print(json.dumps({
             "text": tok.decode(visible),
             "tokens": result.tokens,
             "prompt_tokens": result.prompt_tokens,
-            "finish_reason": result.finish_reason,
-            "stats": result.stats(),
+            "finish_reason": reason,
+            "stats": stats,
         }, ensure_ascii=False))
-    if result.interrupted:
+    if o.stats and not (console.is_terminal and not o.json):
+        for line in footer_lines(len(result.tokens), result.ttft_s, result.decode_s, result.steps, 10_000, reason):
+            print(line, file=sys.stderr)
+    if result.interrupted and reason == "interrupted":
         raise KeyboardInterrupt
 
 
@@ -103,10 +107,6 @@ def _tracer(trace):
     def write(step):
         trace.write(json.dumps({"step": next(counter), "draft": step.draft, "accepted": step.accepted,
                                 "emitted": step.emitted}) + "\n")
+        trace.flush()  # readable while the generation runs
 
     return write
-
-
-def _tee(*fns):
-    fns = [f for f in fns if f]
-    return lambda step: [f(step) for f in fns]

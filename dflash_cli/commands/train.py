@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..cli.options import TrainOptions
 from ..errors import DflashError
-
-
-@dataclass
-class TrainOptions:
-    out: Path
-    preset: str
-    data: list[Path]
-    device: str | None
-    seed: int
-    stages: str | None
 
 
 def run_train(o: TrainOptions, console: Console) -> dict:

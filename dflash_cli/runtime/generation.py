@@ -185,6 +185,7 @@ def generate(
     captures = Totals.captures
     t_start = now(session.device)
     ttft = decode_s = first_unix = 0.0
+    t_decode = None
     finish, context_full, interrupted = "length", False, False
     try:
         logits = decoder.prefill(session, ids)
@@ -213,9 +214,10 @@ def generate(
             steps.append(step)
             if on_step:
                 on_step(step)
-        decode_s = now(session.device) - t_decode
     except KeyboardInterrupt:
         interrupted = True
+    if t_decode is not None:  # an interrupted generation keeps its real decode time (and so its tok/s)
+        decode_s = now(session.device) - t_decode
     if tokens:
         # Every emitted token but the last is in the cache; the last is pending.
         session.length = base + len(tokens) - 1

@@ -14,9 +14,11 @@ from .corpus import SEPARATOR
 MASK = "<|mask|>"
 SPECIALS = [SEPARATOR, MASK]
 
-# A code-completion model: the template passes each message through with a newline (no role markers),
-# so `generate --prompt "def f():"` continues on the next line and chat turns simply append.
-CHAT_TEMPLATE = "{%- for message in messages %}{{- message.content + '\\n' }}{%- endfor %}"
+# A code-completion model: the template passes each message through (no role markers), earlier messages
+# ending with a newline; the last one (the prompt) does not, so `generate --prompt "def f():"` completes the
+# line it was given instead of starting a new definition, and chat turns simply append.
+CHAT_TEMPLATE = ("{%- for message in messages %}{{- message.content }}"
+                 "{%- if not loop.last or not add_generation_prompt %}{{- '\\n' }}{%- endif %}{%- endfor %}")
 
 
 def train(texts: list[str], vocab_size: int, out: Path) -> Tokenizer:
