@@ -149,6 +149,29 @@ def train(
     run_train(TrainOptions(out, preset, list(data), device, seed, stages), _console())
 
 
+@app.command()
+def serve(
+    model: Optional[str] = typer.Argument(None, help="Registry name, local folder or Hub repo id."),
+    draft: Optional[str] = DRAFT,
+    draft_len: Optional[int] = DRAFT_LEN,
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY'."),
+    max_queue: int = typer.Option(16, "--max-queue", help="Requests that may wait behind the running one; more get 503."),
+    context: Optional[int] = typer.Option(None, "--context", help="KV cache size in tokens."),
+    device: Optional[str] = DEVICE,
+    dtype: Optional[str] = DTYPE,
+    engine: str = typer.Option("dflash", "--engine", help="dflash (this engine), or vllm / sglang: launch that server."),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", help="GPUs (vllm, sglang)."),
+    print_only: bool = typer.Option(False, "--print", help="Print the vllm / sglang command instead of running it."),
+):
+    """OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics), one request at a time."""
+    from ..commands.serve import ServeOptions, run_serve
+
+    run_serve(ServeOptions(model, draft, draft_len, host, port, api_key, max_queue, device, dtype, context, engine,
+                           tensor_parallel, print_only))
+
+
 def main() -> None:
     """Entry point: user-facing errors become one line on stderr and exit 1; Ctrl-C exits 130."""
     # torch warns at import where NumPy is not installed (the CPU wheel does not require it); nothing here uses NumPy.
