@@ -42,7 +42,7 @@ def run_serve(o: ServeOptions) -> None:
         raise DflashError(f"--max-queue must be >= 0 (got {o.max_queue})")
     if o.tensor_parallel != 1 or o.print_only:
         raise DflashError("--tensor-parallel and --print go with --engine vllm or sglang")
-    if not all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn")):
+    if not serve_deps_installed():
         raise DflashError("dflash serve needs FastAPI and uvicorn: pip install 'dflash-cli[serve]'")
     import uvicorn
 
@@ -55,6 +55,10 @@ def run_serve(o: ServeOptions) -> None:
     print(f"dflash serve · {served} on {engine.bundle.device} · draft {engine.draft_kind} · context "
           f"{engine.context} · http://{o.host}:{o.port}/v1", file=sys.stderr, flush=True)
     uvicorn.run(app, host=o.host, port=o.port, log_level="warning", timeout_graceful_shutdown=2)
+
+
+def serve_deps_installed() -> bool:
+    return all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn"))
 
 
 def _external(o: ServeOptions) -> None:

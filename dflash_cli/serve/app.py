@@ -137,6 +137,8 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
             return JSONResponse(ApiError(499, "the client closed the request", code="cancelled").body(), 499)
         choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
         choice.update({"message": {"role": "assistant", "content": out.text}} if chat else {"text": out.text})
+        if p.return_token_ids:  # vLLM's extension: the generated ids
+            choice["token_ids"] = out.tokens
         return {**head, "choices": [choice], "usage": usage(out), "dflash": out.stats}
 
     def stream(request: Request, job: Job, p: GenParams, chat: bool, head: dict) -> StreamingResponse:

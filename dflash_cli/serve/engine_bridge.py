@@ -44,6 +44,7 @@ class Job:
 @dataclass
 class Outcome:
     text: str
+    tokens: list[int]  # every generated id, a final stop id included
     completion_tokens: int
     prompt_tokens: int
     cached_tokens: int
@@ -126,7 +127,7 @@ class Engine:
         else:
             finish = "length"
         stats = result.stats()
-        return Outcome(text=text.text, completion_tokens=len(result.tokens), prompt_tokens=len(job.prompt_ids),
+        return Outcome(text=text.text, tokens=result.tokens, completion_tokens=len(result.tokens), prompt_tokens=len(job.prompt_ids),
                        cached_tokens=cached, finish_reason=finish, steps=result.steps, stats={
                            "draft": self.draft_kind,
                            "draft_len": self.draft_len,

@@ -31,6 +31,7 @@ class GenParams:
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
+    return_token_ids: bool = False
 
 
 def parse_json(raw: bytes) -> dict:
@@ -97,6 +98,7 @@ def parse_common(body: dict, max_tokens_key: str = "max_tokens") -> GenParams:
         stream=stream,
         include_usage=bool(options.get("include_usage")),
         ignore_eos=bool(body.get("ignore_eos", False)),
+        return_token_ids=bool(body.get("return_token_ids", False)),
     )
 
 
