@@ -26,6 +26,8 @@ DRAFT = typer.Option(None, "--draft", help="none, dflash, eagle3, or a drafter f
 DRAFT_LEN = typer.Option(None, "--draft-len", help="Draft tokens per step (default: the drafter's block or the registry's).")
 SHOW_DRAFTS = typer.Option(False, "--show-drafts", help="Colour tokens that came from accepted drafts.")
 THINK = typer.Option(None, "--think/--no-think", help="Qwen3 thinking mode (default: the template's).")
+URL = typer.Option(None, "--url", help="Use an OpenAI-compatible server (dflash serve, vLLM, SGLang) at this URL.")
+API_KEY = typer.Option(None, "--api-key", envvar="DFLASH_API_KEY", help="The --url server's API key.")
 
 
 def _console(min_width: int | None = None) -> Console:
@@ -55,13 +57,15 @@ def generate(
     draft: Optional[str] = DRAFT,
     draft_len: Optional[int] = DRAFT_LEN,
     show_drafts: bool = SHOW_DRAFTS,
+    url: Optional[str] = URL,
+    api_key: Optional[str] = API_KEY,
 ):
     """Generate one answer to a prompt (--prompt, --prompt-file or stdin)."""
     from ..commands.generate import GenerateOptions, run_generate
 
     run_generate(GenerateOptions(model, prompt, prompt_file, system, raw, think, temperature, top_p, top_k,
                                  max_tokens, seed, device, dtype, json_out, trace, draft, draft_len,
-                                 show_drafts), _console())
+                                 show_drafts, url=url, api_key=api_key), _console())
 
 
 @app.command()
@@ -80,12 +84,14 @@ def chat(
     draft: Optional[str] = DRAFT,
     draft_len: Optional[int] = DRAFT_LEN,
     show_drafts: bool = SHOW_DRAFTS,
+    url: Optional[str] = URL,
+    api_key: Optional[str] = API_KEY,
 ):
     """Interactive chat; the conversation stays in the KV cache between turns."""
     from ..commands.chat import ChatOptions, run_chat
 
     run_chat(ChatOptions(model, system, think, temperature, top_p, top_k, max_tokens, seed, context, device, dtype,
-                         draft, draft_len, show_drafts),
+                         draft, draft_len, show_drafts, url=url, api_key=api_key),
              _console())
 
 

@@ -38,6 +38,8 @@ class ChatOptions:
     draft: str | None = None
     draft_len: int | None = None
     show_drafts: bool = False
+    url: str | None = None  # an OpenAI-compatible server instead of the local engine (dflash_cli/remote.py)
+    api_key: str | None = None
 
 
 class ChatRepl:
@@ -162,4 +164,8 @@ def _read_line() -> str:
 
 
 def run_chat(o: ChatOptions, console: Console) -> None:
+    if o.url:
+        from ..remote import remote_chat
+
+        return remote_chat(o, console)
     ChatRepl(o, console).run()

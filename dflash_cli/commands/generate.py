@@ -38,9 +38,15 @@ class GenerateOptions:
     draft: str | None = None
     draft_len: int | None = None
     show_drafts: bool = False
+    url: str | None = None  # an OpenAI-compatible server instead of the local engine (dflash_cli/remote.py)
+    api_key: str | None = None
 
 
 def run_generate(o: GenerateOptions, console: Console) -> None:
+    if o.url:
+        from ..remote import remote_generate
+
+        return remote_generate(o, console)
     text = read_prompt(o.prompt, o.prompt_file)
     if o.max_tokens < 1:
         raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")

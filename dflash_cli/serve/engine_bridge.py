@@ -30,7 +30,7 @@ class _Stop(KeyboardInterrupt):
     the tokens so far and the session consistent."""
 
 
-@dataclass
+@dataclass(eq=False)  # jobs are compared (and hashed) by identity
 class Job:
     prompt_ids: list[int]
     max_tokens: int

@@ -15,6 +15,7 @@ class Scheduler:
         self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="dflash-generate")
         self.inflight = 0  # admitted and not finished; touched on the event loop only
+        self.jobs: set[Job] = set()
 
     def submit(self, job: Job) -> asyncio.Future:
         """Queue a job (or refuse it with 503) and return the future of its Outcome. Call on the event loop."""
@@ -23,13 +24,15 @@ class Scheduler:
             raise ApiError(503, f"the server is busy: {self.inflight - 1} requests already wait (--max-queue "
                                 f"{self.max_queue}); retry later", code="queue_full", type_="server_busy")
         self.inflight += 1
+        self.jobs.add(job)
         self.metrics.adjust("waiting", 1)
         fut = asyncio.get_running_loop().run_in_executor(self.pool, self._run, job)
-        fut.add_done_callback(self._done)
+        fut.add_done_callback(lambda _f: self._done(job))
         return fut
 
-    def _done(self, _fut) -> None:
+    def _done(self, job: Job) -> None:
         self.inflight -= 1
+        self.jobs.discard(job)
 
     def _run(self, job: Job) -> Outcome | None:
         self.metrics.adjust("waiting", -1)
@@ -47,4 +50,7 @@ class Scheduler:
         return out
 
     def close(self) -> None:
+        """At shutdown: end the running generation and drop the waiting ones."""
+        for job in list(self.jobs):
+            job.cancelled.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
