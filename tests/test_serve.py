@@ -3,6 +3,7 @@ equals `dflash generate`, streaming, statistics, stop sequences, prefix reuse, e
 limit and flat memory."""
 
 import json
+import socket
 import threading
 import time
 
@@ -244,6 +245,11 @@ def test_serve_flags_fail_with_one_line(cli, monkeypatch):
         res = cli("serve", "demo", *args)
         assert res.code == 1 and res.err.startswith("error: ") and needle in res.err, res.err
         assert len(res.err.strip().splitlines()) == 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        res = cli("serve", "demo", "--port", taken.getsockname()[1])
+    assert res.code == 1 and res.err.startswith("error: cannot listen on 127.0.0.1:"), res.err
     monkeypatch.setattr(serve_cmd, "serve_deps_installed", lambda: False)
     res = cli("serve", "demo")
     assert res.code == 1 and res.err.strip() == (

@@ -102,3 +102,5 @@ def test_bad_draft_for_an_external_engine(cli):
     assert res.code == 1 and "--draft takes none, dflash or eagle3" in res.err
     res = cli("serve", "demo", "--engine", "vllm", "--tensor-parallel", "0", "--print")
     assert res.code == 1 and "--tensor-parallel" in res.err
+    res = cli("serve", "demo", "--engine", "sglang", "--context", "512", "--print")
+    assert res.code == 0 and "--context-length 512" in res.out

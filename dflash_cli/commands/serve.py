@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ def run_serve(o: ServeOptions) -> None:
         raise DflashError("--tensor-parallel and --print go with --engine vllm or sglang")
     if not serve_deps_installed():
         raise DflashError("dflash serve needs FastAPI and uvicorn: pip install 'dflash-cli[serve]'")
+    _check_port(o.host, o.port)  # before the weights load
     import uvicorn
 
     from ..serve.app import create_app
@@ -57,6 +59,20 @@ def run_serve(o: ServeOptions) -> None:
     uvicorn.run(app, host=o.host, port=o.port, log_level="warning", timeout_graceful_shutdown=2)
 
 
+def _check_port(host: str, port: int) -> None:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise DflashError(f"cannot resolve --host {host}: {exc.strerror}") from None
+    family, *_rest, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise DflashError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def serve_deps_installed() -> bool:
     return all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn"))
 
@@ -66,7 +82,7 @@ def _external(o: ServeOptions) -> None:
 
     entry = Registry.load().resolve(o.model)
     argv = launch_command(o.engine, entry, draft=o.draft, draft_len=o.draft_len, tensor_parallel=o.tensor_parallel,
-                          host=o.host, port=o.port, api_key=o.api_key)
+                          host=o.host, port=o.port, api_key=o.api_key, context=o.context)
     if o.print_only:
         print(shlex.join(argv))
         return

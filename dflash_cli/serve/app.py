@@ -95,7 +95,7 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
         try:
             params = engine.sampling(p.temperature, p.top_p, None if p.top_k is None else max(p.top_k, 0), p.seed)
         except DflashError as exc:
-            raise ApiError(400, str(exc).replace("--", "").replace("-", "_"), code="invalid_value") from None
+            raise ApiError(400, str(exc), code="invalid_value") from None
         max_tokens = p.max_tokens or default_max or engine.context - len(ids)
         return Job(prompt_ids=ids, max_tokens=max_tokens, params=params, stop=p.stop, ignore_eos=p.ignore_eos)
 

@@ -50,7 +50,8 @@ def draft_tokens(entry: ModelEntry, draft: str, draft_len: int | None) -> int:
 
 def launch_command(engine: str, entry: ModelEntry, *, draft: str | None = None, draft_len: int | None = None,
                    tensor_parallel: int = 1, host: str = "127.0.0.1", port: int = 8000,
-                   api_key: str | None = None) -> list[str]:
+                   api_key: str | None = None, context: int | None = None) -> list[str]:
+    """context: the longest sequence (default: the registry entry's)."""
     if tensor_parallel < 1:
         raise DflashError(f"--tensor-parallel must be >= 1 (got {tensor_parallel})")
     draft = pick_draft(entry, draft)
@@ -58,14 +59,17 @@ def launch_command(engine: str, entry: ModelEntry, *, draft: str | None = None, 
     target = entry.target.ref
     drafter = entry.drafters[draft].ref if draft != "none" else None
     sampling = json.dumps(entry.generation, sort_keys=True) if entry.generation else None
+    context = context or entry.context
+    if context is not None and context < 16:
+        raise DflashError(f"--context must be >= 16 (got {context})")
     if engine == "vllm":
         argv = ["vllm", "serve", target, "--served-model-name", entry.name]
         if drafter:
             spec = {"method": draft, "model": drafter, "num_speculative_tokens": k}
             argv += ["--speculative-config", json.dumps(spec)]
         argv += ["--tensor-parallel-size", str(tensor_parallel)]
-        if entry.context:
-            argv += ["--max-model-len", str(entry.context)]
+        if context:
+            argv += ["--max-model-len", str(context)]
         if sampling:
             argv += ["--override-generation-config", sampling]
     elif engine == "sglang":
@@ -77,8 +81,8 @@ def launch_command(engine: str, entry: ModelEntry, *, draft: str | None = None, 
                 argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
             argv += ["--speculative-num-draft-tokens", str(k + 1)]  # DFlash: the block, bonus token included
         argv += ["--tp-size", str(tensor_parallel)]
-        if entry.context:
-            argv += ["--context-length", str(entry.context)]
+        if context:
+            argv += ["--context-length", str(context)]
         if sampling:
             argv += ["--preferred-sampling-params", sampling]
         argv += ["--enable-metrics"]  # /metrics, which `dflash chat --url` reads
