@@ -24,6 +24,7 @@ _POSITION = re.compile(r'position="(\d+)"')
 SPEC = {"vllm:spec_decode_num_drafts_total": "drafts", "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
         "vllm:spec_decode_num_accepted_tokens_total": "accepted"}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"  # a gauge (recent mean committed length), not a counter
 
 
 class Remote:
@@ -76,7 +77,9 @@ class Remote:
                 out[SPEC[name]] = out.get(SPEC[name], 0.0) + v
             elif name == PER_POS and labels and (pos := _POSITION.search(labels)):
                 out["per_pos"][int(pos.group(1))] = out["per_pos"].get(int(pos.group(1)), 0.0) + v
-        return out if "drafts" in out else None
+            elif name == SGLANG_ACCEPT_LENGTH:
+                out["accept_length"] = v
+        return out if "drafts" in out or "accept_length" in out else None
 
     def complete(self, path: str, body: dict, on_text=None) -> dict:
         """POST a (streamed, when on_text is given) request; returns {text, finish_reason, usage, dflash, ttft_s,
@@ -135,8 +138,10 @@ def stats(reply: dict, before: dict | None, after: dict | None) -> dict:
     if n and reply.get("ttft_s") is not None and reply["elapsed_s"] > reply["ttft_s"]:
         out["decode_tokens_per_s"] = round((n - 1) / (reply["elapsed_s"] - reply["ttft_s"]), 3)
         out["ttft_s"] = round(reply["ttft_s"], 6)
-    if before and after:
-        drafts = after["drafts"] - before["drafts"]
+    if before and after and "drafts" not in after and "accept_length" in after:
+        out.update(source="gauge", tau=round(after["accept_length"], 4))
+    elif before and after and "drafts" in after:
+        drafts = after["drafts"] - before.get("drafts", 0)
         if drafts > 0:
             accepted = after.get("accepted", 0) - before.get("accepted", 0)
             width = max(after["per_pos"], default=-1) + 1
@@ -160,6 +165,8 @@ def footer(st: dict, n_tokens: int | None) -> str:
         parts.append("by pos " + " ".join(f"{p * 100:.0f}" for p in st["acceptance_by_position"][:8]))
     if st["source"] == "metrics":
         parts.append("(server /metrics)")
+    elif st["source"] == "gauge":
+        parts.append("(server's recent mean)")
     return " · ".join(parts)
 
 

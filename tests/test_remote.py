@@ -96,8 +96,12 @@ class FakeVllm(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert body["model"] == "Qwen/Qwen3-8B" and body["stream"] is True
+        assert body["model"] == "Qwen/Qwen3-8B"
         FakeVllm.requests += 1
+        if not body["stream"]:
+            return self._send(200, json.dumps({"choices": [{"index": 0, "message": {"content": "Hello"},
+                                                            "finish_reason": "stop"}],
+                                               "usage": {"prompt_tokens": 3, "completion_tokens": 2}}))
         chunks = [{"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in ("Hel", "lo")]
         chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
@@ -114,5 +118,24 @@ def test_statistics_from_a_vllm_servers_metrics(cli):
         assert "τ 2.50" in res.err and "by pos 80 40 20 10" in res.err and "(server /metrics)" in res.err
         res = ok(cli("chat", "--url", f"http://127.0.0.1:{httpd.server_port}", stdin="hi\n/exit\n"))
         assert "Hello" in res.out
+    finally:
+        httpd.shutdown()
+
+
+class FakeSglang(FakeVllm):
+    """SGLang's /metrics: a gauge of the recent mean committed length instead of vLLM's counters."""
+
+    def do_GET(self):
+        if self.path == "/metrics":
+            return self._send(200, 'sglang:spec_accept_length{model_name="q"} 3.25\n', "text/plain")
+        return super().do_GET()
+
+
+def test_statistics_from_an_sglang_servers_gauge(cli):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeSglang)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        res = ok(cli("generate", "--url", f"http://127.0.0.1:{httpd.server_port}", "-p", "hi", "--json"))
+        assert res.json()["stats"]["tau"] == 3.25 and res.json()["stats"]["source"] == "gauge"
     finally:
         httpd.shutdown()
