@@ -128,6 +128,40 @@ def test_a_conversation_reuses_its_cached_prefix(client):
     assert second.model_extra["dflash"]["prefill_tokens"] <= second.usage.prompt_tokens - cached + 1
 
 
+def test_reused_and_rolled_back_prefixes_still_match_generate(server, cli):
+    """A prompt that extends the previous request's tokens prefills only its new part; one that leaves them
+    part-way rolls the cache and the drafter back to the shared start. Both give what a fresh `dflash generate`
+    gives, token for token."""
+    def both(text):
+        want = local(cli, "--raw", "--prompt", text, "-n", "12")
+        r = post(server, "/v1/completions", {"prompt": text, "max_tokens": 12, "temperature": 0,
+                                             "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == want["tokens"], text
+        return r.json(), want
+
+    first, _ = both(PROMPT)
+    held = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"]  # the tokens the session keeps
+    extended, _ = both(PROMPT + first["choices"][0]["text"] + "\n\ndef add(a, b):")
+    assert extended["usage"]["prompt_tokens_details"]["cached_tokens"] == held - 1  # the last one was pending
+    assert extended["dflash"]["prefill_tokens"] == extended["usage"]["prompt_tokens"] - (held - 1)
+    diverged, _ = both(PROMPT + "\n    return 1\n")
+    assert 0 < diverged["usage"]["prompt_tokens_details"]["cached_tokens"] < diverged["usage"]["prompt_tokens"]
+    both("import os\n")
+
+
+def test_eagle3_server_matches_generate(cli):
+    srv = Server("demo", "--draft", "eagle3")
+    try:
+        want = local(cli, "--raw", "--prompt", PROMPT, "-n", "20", "--draft", "eagle3")
+        r = post(srv, "/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "return_token_ids": True}, key=None)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == want["tokens"]
+        assert r.json()["dflash"]["draft"] == "eagle3"
+    finally:
+        srv.stop()
+
+
 def test_bad_requests_get_openai_errors(server, client):
     def error(r, status, code=None):
         assert r.status_code == status, r.text

@@ -155,11 +155,11 @@ class Engine:
             return list(prompt[common:]), s.length  # the chat case: the new prompt extends what is held
         keep = min(common, s.length, len(prompt) - 1)  # at least one prompt token is fed, for its logits
         s.length, s.pending = keep, []
-        self.decoder.sync(s)  # the drafter rolls back with the target
+        if keep:
+            self.decoder.sync(s)  # the drafter rolls back with the target (from 0, its prefill starts it afresh)
         self.history = list(prompt[:keep])
         return list(prompt[keep:]), keep
 
     def _forget(self) -> None:
-        self.session.reset()
-        self.decoder.sync(self.session)
+        self.session.reset()  # the next prefill starts the drafter afresh too
         self.history = []
