@@ -182,6 +182,11 @@ def test_bad_requests_get_openai_errors(server, client):
                 {"prompt": 3}, {"prompt": ["a", "b"]}, {"stream": "yes"}):
         err = error(post(server, "/v1/completions", {"prompt": "x", **bad}), 400, "invalid_value")
         assert err["param"] == next(iter(bad))
+    error(post(server, "/v1/completions", {"prompt": "x", "logprobs": 2}), 400, "unsupported_parameter")
+    error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                "presence_penalty": 0.5}), 400, "unsupported_parameter")
+    assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1, "logprobs": None,
+                                            "presence_penalty": 0}).status_code == 200
     error(post(server, "/v1/chat/completions", {"messages": []}), 400, "invalid_value")
     error(post(server, "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}), 400)
     error(httpx.get(f"{server.url}/v1/nothing-here", headers={"Authorization": f"Bearer {KEY}"}), 404)

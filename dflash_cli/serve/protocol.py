@@ -62,7 +62,14 @@ def _number(body, name, kind, low=None, high=None, low_open=False):
     return kind(value)
 
 
+UNSUPPORTED = ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias", "presence_penalty",
+               "frequency_penalty", "repetition_penalty", "response_format")
+
+
 def parse_common(body: dict, max_tokens_key: str = "max_tokens") -> GenParams:
+    for name in UNSUPPORTED:  # said plainly rather than ignored: the answer would not be what was asked for
+        if body.get(name) not in (None, False, 0, [], {}) and body.get(name) != {"type": "text"}:
+            raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model", code="invalid_value")
