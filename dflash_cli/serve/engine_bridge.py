@@ -126,21 +126,26 @@ class Engine:
             finish = "stop"
         else:
             finish = "length"
-        stats = result.stats()
-        return Outcome(text=text.text, tokens=result.tokens, completion_tokens=len(result.tokens), prompt_tokens=len(job.prompt_ids),
-                       cached_tokens=cached, finish_reason=finish, steps=result.steps, stats={
-                           "draft": self.draft_kind,
-                           "draft_len": self.draft_len,
-                           "tau": stats["mean_accepted"],
-                           "accepted_length_histogram": stats["accept_hist"],
-                           "acceptance_by_position": stats["accept_by_position"],
-                           "steps": stats["steps"],
-                           "decode_tokens_per_s": stats["decode_tok_per_s"],
-                           "ttft_s": stats["ttft_s"],
-                           "decode_s": stats["decode_s"],
-                           "prefill_tokens": fed,
-                           "cached_tokens": cached,
-                       })
+        return Outcome(text=text.text, tokens=result.tokens, completion_tokens=len(result.tokens),
+                       prompt_tokens=len(job.prompt_ids), cached_tokens=cached, finish_reason=finish,
+                       steps=result.steps, stats=self._stats(result, fed, cached))
+
+    def _stats(self, result, fed: int, cached: int) -> dict:
+        """The `dflash` field of a response."""
+        st = result.stats()
+        return {
+            "draft": self.draft_kind,
+            "draft_len": self.draft_len,
+            "tau": st["mean_accepted"],  # mean tokens committed per step
+            "accepted_length_histogram": st["accept_hist"],  # steps by accepted drafts (index 0, 1, ...)
+            "acceptance_by_position": st["accept_by_position"],
+            "steps": st["steps"],
+            "decode_tokens_per_s": st["decode_tok_per_s"],
+            "ttft_s": st["ttft_s"],
+            "decode_s": st["decode_s"],
+            "prefill_tokens": fed,
+            "cached_tokens": cached,
+        }
 
     def _reuse(self, prompt: list[int]) -> tuple[list[int], int]:
         """Leave in the session the longest prefix of `prompt` it already holds; returns (the ids still to feed
