@@ -3,6 +3,7 @@ equals `dflash generate`, streaming, statistics, stop sequences, prefix reuse, e
 limit and flat memory."""
 
 import json
+import signal
 import socket
 import threading
 import time
@@ -293,3 +294,26 @@ def test_serve_flags_fail_with_one_line(cli, monkeypatch):
     res = cli("serve", "demo")
     assert res.code == 1 and res.err.strip() == (
         "error: dflash serve needs FastAPI and uvicorn: pip install 'dflash-cli[serve]'")
+
+
+def test_ctrl_c_ends_running_streams_and_exits_cleanly():
+    srv = Server("demo", "--max-queue", "4")
+    try:
+        c, resp = _long_stream(srv, 900)
+        lines = resp.iter_lines()
+        next(lines)
+        waiting = threading.Thread(target=lambda: post(srv, "/v1/completions", {"prompt": PROMPT, "max_tokens": 900,
+                                                                               "ignore_eos": True}, key=None))
+        waiting.start()
+        _wait_for(srv, lambda m: m["vllm:num_requests_waiting"] == 1)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGINT)
+        assert srv.proc.wait(20) == 130 and time.monotonic() - t0 < 15  # the CLI's exit code for Ctrl-C
+        out = srv.proc.stdout.read()
+        assert "Traceback" not in out and "ERROR" not in out, out
+        assert not any(ln.startswith("data: [DONE]") for ln in lines)  # the stream ended early
+        resp.close()
+        c.close()
+        waiting.join(10)
+    finally:
+        srv.stop()

@@ -56,7 +56,10 @@ def run_serve(o: ServeOptions) -> None:
     app = create_app(engine, served, api_key=o.api_key, max_queue=o.max_queue)
     print(f"dflash serve · {served} on {engine.bundle.device} · draft {engine.draft_kind} · context "
           f"{engine.context} · http://{o.host}:{o.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=o.host, port=o.port, log_level="warning", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(uvicorn.Config(app, host=o.host, port=o.port, log_level="warning",
+                                           timeout_graceful_shutdown=5))
+    app.state.stopping = lambda: server.should_exit  # Ctrl-C: streams end at their next poll, then the server
+    server.run()
 
 
 def _check_port(host: str, port: int) -> None:

@@ -11,7 +11,7 @@ import secrets
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -53,22 +53,22 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
         return JSONResponse(ApiError(500, f"{type(exc).__name__}: {exc}", code="internal_error").body(),
                             status_code=500)
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
+    async def check_key(request: Request) -> None:
+        if api_key:
             given = request.headers.get("authorization", "")
             token = given[7:] if given[:7].lower() == "bearer " else ""
             if not secrets.compare_digest(token.encode(), api_key.encode()):
-                err = ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                                code="invalid_api_key")
-                return JSONResponse(err.body(), status_code=401)
-        return await call_next(request)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+    app.state.stopping = lambda: False  # `dflash serve` points it at uvicorn's should_exit
 
     @app.get("/health")
     async def health():
         return {"status": "ok"}
 
-    @app.get("/v1/models")
+    @v1.get("/models")
     async def list_models():
         return {"object": "list", "data": [{"id": served_name, "object": "model", "created": created,
                                              "owned_by": "dflash", "max_model_len": engine.context}]}
@@ -99,7 +99,7 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
         max_tokens = p.max_tokens or default_max or engine.context - len(ids)
         return Job(prompt_ids=ids, max_tokens=max_tokens, params=params, stop=p.stop, ignore_eos=p.ignore_eos)
 
-    @app.post("/v1/completions")
+    @v1.post("/completions")
     async def completions(request: Request):
         body = parse_json(await request.body())
         p = parse_common(body)
@@ -109,7 +109,7 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
         job = make_job(ids, p, COMPLETION_DEFAULT_MAX_TOKENS)
         return await respond(request, job, p, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @v1.post("/chat/completions")
     async def chat_completions(request: Request):
         body = parse_json(await request.body())
         p = parse_common(body, "max_completion_tokens")
@@ -130,11 +130,13 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
         fut = sched.submit(job)
         while not fut.done():
             await asyncio.wait({fut}, timeout=POLL_S)
-            if not fut.done() and await request.is_disconnected():
+            if not fut.done() and (app.state.stopping() or await request.is_disconnected()):
                 job.cancelled.set()
         out = fut.result()
         if out is None or out.finish_reason is None:
-            return JSONResponse(ApiError(499, "the client closed the request", code="cancelled").body(), 499)
+            err = (ApiError(503, "the server is shutting down", code="shutting_down") if app.state.stopping()
+                   else ApiError(499, "the client closed the request", code="cancelled"))
+            return JSONResponse(err.body(), err.status)
         choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
         choice.update({"message": {"role": "assistant", "content": out.text}} if chat else {"text": out.text})
         if p.return_token_ids:  # vLLM's extension: the generated ids
@@ -163,11 +165,13 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
                     yield sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                                     "logprobs": None, "finish_reason": None}]})
                 while True:
+                    if app.state.stopping():
+                        return  # Ctrl-C on the server: the stream ends here, its job in `finally`
                     try:
                         piece = await asyncio.wait_for(pieces.get(), POLL_S)
                     except asyncio.TimeoutError:
                         if await request.is_disconnected():
-                            return
+                            return  # (Starlette also ends a stream whose client left)
                         continue
                     if piece is None:
                         break
@@ -192,6 +196,7 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
+    app.include_router(v1)
     return app
 
 
