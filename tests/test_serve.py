@@ -36,7 +36,8 @@ def client(server):
 def post(server, path, body=None, key=KEY, raw=None, **kw):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     content = raw if raw is not None else json.dumps(body)
-    return httpx.post(f"{server.url}{path}", content=content, headers=headers, timeout=60, **kw)
+    kw.setdefault("timeout", 60)
+    return httpx.post(f"{server.url}{path}", content=content, headers=headers, **kw)
 
 
 def local(cli, *args):
@@ -233,6 +234,12 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation(server):
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert 0 < generated < 300  # well before max_tokens
     assert post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3}).status_code == 200  # still serving
+    before = server.metrics()
+    with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
+        post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 600, "ignore_eos": True}, timeout=1.0)
+    after = _wait_for(server, lambda m: m["dflash:requests_cancelled_total"] > before["dflash:requests_cancelled_total"]
+                      and m["vllm:num_requests_running"] == 0)
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 300
 
 
 def test_the_queue_limit_gives_503(server):
