@@ -12,7 +12,7 @@ from rich.console import Console
 
 from .. import tuning
 from ..errors import DflashError
-from .options import BenchOptions, ChatOptions, GenerateOptions, TrainOptions, command
+from .options import BenchOptions, ChatOptions, GenerateOptions, ServeOptions, TrainOptions, command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -69,6 +69,9 @@ def pull(
 
 app.command("bench")(command(BenchOptions, "dflash_cli.commands.bench:run_bench", lambda: _console(min_width=160)))
 app.command("train")(command(TrainOptions, "dflash_cli.commands.train:run_train", _console))
+
+
+app.command("serve")(command(ServeOptions, "dflash_cli.commands.serve:run_serve", _console))
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ DraftLen = Annotated[Optional[int], typer.Option("--draft-len", help="Draft toke
 ShowDrafts = Annotated[bool, typer.Option("--show-drafts", help="Colour tokens that came from accepted drafts.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (default: 1 for small models, else the physical cores available).")]
 RepeatGuard = Annotated[bool, typer.Option("--repeat-guard/--no-repeat-guard", help="Stop an answer that loops (the same lines or tokens over and over).")]
+Url = Annotated[Optional[str], typer.Option("--url", help="Use an OpenAI-compatible server (dflash serve, vLLM, SGLang) at this URL instead of the local engine.")]
+ApiKey = Annotated[Optional[str], typer.Option("--api-key", envvar="DFLASH_API_KEY", help="The server's API key (--url; with serve, the key clients must send).")]
 Context = Annotated[Optional[int], typer.Option("--context", help="KV cache size in tokens (default: the model's context; 4096 at most on CPU for chat).")]
 
 
@@ -59,6 +61,8 @@ class GenerateOptions:
     draft_len: DraftLen = None
     show_drafts: ShowDrafts = False
     repeat_guard: RepeatGuard = True
+    url: Url = None
+    api_key: ApiKey = None
 
 
 @dataclasses.dataclass
@@ -82,6 +86,8 @@ class ChatOptions:
     show_drafts: ShowDrafts = False
     repeat_guard: RepeatGuard = True
     history: Annotated[Optional[Path], typer.Option("--history", help="Input history file (default: chat_history in the user's data folder).")] = None
+    url: Url = None
+    api_key: ApiKey = None
 
 
 @dataclasses.dataclass
@@ -116,6 +122,25 @@ class BenchOptions:
                 raise DflashError("--draft needs at least one mode (none, dflash, eagle3, or a drafter path/repo)")
             # Plain decoding is the baseline every speedup is measured against: always run it first.
             self.drafts = ["none"] + [d for d in dict.fromkeys(items) if d != "none"]
+
+
+@dataclasses.dataclass
+class ServeOptions:
+    """OpenAI-compatible server (/v1/completions, /v1/chat/completions, /metrics), one request at a time."""
+
+    model: Annotated[Optional[str], typer.Argument(help="Registry name, local folder or Hub repo id.")] = None
+    draft: Draft = None
+    draft_len: DraftLen = None
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1"
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000
+    api_key: Annotated[Optional[str], typer.Option("--api-key", help="Require 'Authorization: Bearer KEY'.")] = None
+    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait behind the running one; more get 503.")] = 16
+    device: Device = None
+    dtype: Dtype = None
+    context: Annotated[Optional[int], typer.Option("--context", help="KV cache size in tokens.")] = None
+    engine: Annotated[str, typer.Option("--engine", help="dflash (this engine), or vllm / sglang: launch that server.")] = "dflash"
+    tensor_parallel: Annotated[int, typer.Option("--tensor-parallel", help="GPUs (vllm, sglang).")] = 1
+    print_only: Annotated[bool, typer.Option("--print", help="Print the vllm / sglang command instead of running it.")] = False
 
 
 @dataclasses.dataclass

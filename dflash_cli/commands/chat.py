@@ -386,4 +386,8 @@ def _prompt_session(history: Path | None):
 
 
 def run_chat(o: ChatOptions, console: Console) -> None:
+    if o.url:
+        from ..remote import remote_chat
+
+        return remote_chat(o, console)
     ChatRepl(o, console).run()

@@ -23,6 +23,10 @@ __all__ = ["GenerateOptions", "run_generate"]
 
 
 def run_generate(o: GenerateOptions, console: Console) -> None:
+    if o.url:
+        from ..remote import remote_generate
+
+        return remote_generate(o, console)
     text = read_prompt(o.prompt, o.prompt_file)
     if o.max_tokens < 1:
         raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
