@@ -12,7 +12,7 @@ from .stats import footer, stats
 
 
 def _sampling(o) -> dict:
-    body = {"max_tokens": o.max_tokens}
+    body = {} if o.max_tokens is None else {"max_tokens": o.max_tokens}  # None: the server's default
     for key in ("temperature", "top_p", "top_k", "seed"):
         if getattr(o, key) is not None:
             body[key] = getattr(o, key)
@@ -32,7 +32,7 @@ def remote_generate(o, console) -> None:
 
     _local_only(o, ("draft", "draft_len", "device", "dtype", "trace", "show_drafts"))
     text = read_prompt(o.prompt, o.prompt_file)
-    if o.max_tokens < 1:
+    if o.max_tokens is not None and o.max_tokens < 1:
         raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
     if o.raw and o.system:
         raise DflashError("--system needs the chat template; drop --raw")
@@ -69,7 +69,7 @@ def remote_generate(o, console) -> None:
 
 def remote_chat(o, console) -> None:
     _local_only(o, ("draft", "draft_len", "device", "dtype", "show_drafts", "context"))
-    if o.max_tokens < 1:
+    if o.max_tokens is not None and o.max_tokens < 1:
         raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
     remote = Remote(o.url, o.api_key, o.model)
     interactive = sys.stdin.isatty()
