@@ -93,7 +93,7 @@ def generate(mode: str, temp: float, prompt_file: Path) -> dict:
     stats = json.loads(out.stdout.splitlines()[-1])["stats"]
     return {"start_to_first_s": stats["first_token_unix_s"] - t0, "ttft_s": stats["ttft_s"],
             "tok_s": stats["decode_tok_per_s"], "captures": stats["graph_captures"], "wall_s": wall,
-            "tau": stats["mean_accepted"]}
+            "tau": stats["tau_tokens_per_step"]}
 
 
 def bench(mode: str, temp: float, prompts: Path) -> float | None:

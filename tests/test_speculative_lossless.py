@@ -243,7 +243,8 @@ class Steered(Drafter):
 
 
 def check_steps(res: Result, prompt_len: int, max_tokens: int, max_len: int, draft_len: int) -> None:
-    """Per-step accounting, and each block's size: min(draft_len, tokens left, cache rows left)."""
+    """Per-step accounting, and each block's size: min(draft_len, cache rows left); near max_tokens a block keeps
+    its size (one graph shape) and what passes max_tokens is cut."""
     assert len(res.tokens) >= 1
     assert sum(len(s.emitted) for s in res.steps) == len(res.tokens) - 1  # the first comes from prefill
     produced = 1
@@ -252,7 +253,8 @@ def check_steps(res: Result, prompt_len: int, max_tokens: int, max_len: int, dra
         assert s.accepted <= len(s.draft)
         assert 1 <= len(s.emitted) <= s.accepted + 1
         assert s.emitted[: s.accepted] == s.draft[: len(s.emitted)][: s.accepted]  # accepted drafts come first
-        assert len(s.draft) == min(draft_len, max_tokens - produced, max_len - length - 1)
+        assert len(s.draft) == min(draft_len, max_len - length - 1)
+        assert len(s.emitted) <= max_tokens - produced
         produced += len(s.emitted)
         length = prompt_len + produced - 1
     assert produced == len(res.tokens)

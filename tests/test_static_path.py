@@ -342,3 +342,23 @@ def test_norms_inside_the_products_compute_the_kernel_path(tmp_path, monkeypatch
     assert torch.equal(one.logits, fused_one.logits) and torch.equal(one.hidden, fused_one.hidden)
     # Rows that fuse the MLP's norm (mlp_fused, a verify's on the GPU) keep every add in the products (layers/fusion.py).
     assert len(calls) == (0 if mlp_fused else 2) * len(model.layers)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_a_second_generation_meets_no_new_graph_shape(models, kind):
+    """Every step keeps its shapes: short prompts share one padded prefill, a block keeps its size near max_tokens,
+    and a step's absorb takes all its verified rows; so once a session's shapes are built (same windows), another
+    generation with another prompt length and budget builds none, greedy or sampled."""
+    target, dflash, eagle = models
+    proposer = DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle)
+    decoder = SpeculativeDecoder(proposer, 4 if kind == "eagle3" else None)
+    session = Session(target, 200, path="static")
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=1)):
+        generate(session, decoder, Request(list(range(5, 14)), params, 60))
+        session.reset()
+    before = graphs.Totals.shapes
+    for prompt, budget in (([7, 8, 9, 10], 37), (list(range(20, 45)), 23), ([3, 4], 51)):
+        for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=2)):
+            generate(session, decoder, Request(prompt, params, budget))
+            session.reset()
+    assert graphs.Totals.shapes == before

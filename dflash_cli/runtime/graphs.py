@@ -99,8 +99,11 @@ def upload(ids, device) -> torch.Tensor:
 
 
 def prefill_rows(n: int, start: int, max_len: int) -> int | None:
-    """The padded size of an n-row prefill at `start` (n > MAX_ROWS): 64, 128 or 256 rows, then multiples of
-    PREFILL_STEP; None where it runs eagerly (too long, or its padding would pass the cache's end)."""
+    """The padded size of an n-row prefill at `start`: MAX_ROWS rows for a short prompt (one graph for every chat
+    turn of up to MAX_ROWS tokens: Session.forward), 64, 128 or 256 rows, then multiples of PREFILL_STEP; None where
+    it runs without padding (too long, or its padding would pass the cache's end)."""
+    if n <= MAX_ROWS:
+        return MAX_ROWS if start + MAX_ROWS <= max_len else None
     rows = 64
     while rows < n and rows < PREFILL_STEP:
         rows *= 2

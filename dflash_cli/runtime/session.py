@@ -139,9 +139,15 @@ class Session:
         if self.length + n > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")
         rows = None
-        if self.fast is not None and n > MAX_ROWS and not accept and not torch.is_tensor(ids):
-            rows = prefill_rows(n, self.length, self.max_len)
-        if self.fast is not None and n <= MAX_ROWS:
+        if self.fast is not None and n > 1 and not accept and not torch.is_tensor(ids):
+            rows = prefill_rows(n, self.length, self.max_len)  # a prompt: padded to a size bucket
+        if rows is not None and n <= MAX_ROWS:
+            # A short prompt: its rows first, then padding at the positions after it (consecutive, as every step's
+            # rows are; later steps write those cache rows again before reading them), all rows' logits kept.
+            out = self.fast(list(ids) + [0] * (rows - n), self.length, tuple(capture), True, False)
+            out = dataclasses.replace(out, logits=out.logits[:n] if all_logits else out.logits[n - 1 : n],
+                                      hidden=None if out.hidden is None else out.hidden[:n])
+        elif self.fast is not None and n <= MAX_ROWS:
             out = self.fast(ids, self.length, tuple(capture), all_logits, accept)
         elif rows is not None:
             padded, positions = padded_prefill(ids, self.length, rows)

@@ -64,9 +64,10 @@ class SpeculativeDecoder:
 
     def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
         start, dev = session.length, session.device
-        # Verify writes positions [start, start+k]: shrink k near the end of the cache and of max_tokens
-        # (k = budget, not budget-1, keeps block sizes identical to z-lab's reference loop).
-        k = max(0, min(self.draft_len, budget, session.max_len - start - 1))
+        # Verify writes positions [start, start+k]: k shrinks only near the end of the cache. Near max_tokens the
+        # block keeps its size (the driver cuts what passes max_tokens), so a generation meets no new graph shape
+        # there (z-lab's reference loop shrinks it instead).
+        k = max(0, min(self.draft_len, session.max_len - start - 1))
         queued, self._queued = self._queued, None
         if queued is not None and queued.start == start and (queued.k == k or queued.k > k and self._prefix):
             # Its draft time includes the absorb; the verify time, any wait for the host before the verify.
@@ -93,6 +94,9 @@ class SpeculativeDecoder:
             self.proposer.commit(session.length)
             nxt.start = session.length
             self._queued = nxt
+        elif out.hidden is not None and self.proposer.absorbs_verified():
+            self.proposer.absorb_verified(out.hidden, ids, start)  # every verified row: one graph shape
+            self.proposer.commit(session.length)
         else:
             hidden = out.hidden[: n + 1] if out.hidden is not None else None  # None: a proposer that needs no states
             self.proposer.absorb(hidden, start, [last] + draft[:n])
@@ -109,9 +113,7 @@ class SpeculativeDecoder:
         most = start + k + 1  # the committed length if every draft is accepted
         if session.max_len - most - 1 < self.draft_len:
             return None  # the next proposal might not fit the cache
-        # Whatever this step accepts, a next step of draft_len drafts; or, for proposers whose shorter proposals
-        # are prefixes of longer ones, a next step at all (it then takes the first drafts).
-        if budget - (k + 1) < (1 if self._prefix else self.draft_len):
+        if budget - (k + 1) < 1:  # a next step whatever this step accepts (of draft_len drafts: see `step`)
             return None
         t0 = mark(session.device)
         drafts, q = self.proposer.propose_ahead(hidden, ids, start, n, bonus, self.draft_len, params, gen)

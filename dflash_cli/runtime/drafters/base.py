@@ -44,6 +44,16 @@ class Drafter:
         """Forget everything past the committed length."""
         raise NotImplementedError
 
+    def absorbs_verified(self) -> bool:
+        """Whether absorb_verified works (the device-position path)."""
+        return False
+
+    def absorb_verified(self, hidden: torch.Tensor, ids: torch.Tensor, start: int) -> None:
+        """Absorb every verified row (states `hidden`, tokens `ids`, from position `start`) on the device, the
+        rejected ones included (later absorbs overwrite them), so that every step has one shape; `commit` then names
+        the committed length."""
+        raise NotImplementedError
+
     def can_queue_ahead(self, params: SamplingParams) -> bool:
         """Whether propose_ahead works on this session's path with these params."""
         return False

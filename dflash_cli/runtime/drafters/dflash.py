@@ -57,14 +57,22 @@ class DFlashProposer(Drafter):
 
     def absorb(self, hidden: torch.Tensor, start: int, tokens: list[int] | None = None) -> None:
         """Append context rows for target positions [start, start+n) (their captured hidden states)."""
+        self._check(start)
+        n = hidden.shape[0]
+        self.model.context_rows(hidden, Span(self.cache, start, n, self.cos, self.sin))
+        self.ctx_len = start + n
+
+    def absorbs_verified(self) -> bool:
+        return self.fast_absorb is not None
+
+    def absorb_verified(self, hidden: torch.Tensor, ids: torch.Tensor, start: int) -> None:
+        self._check(start)
+        self.fast_absorb(hidden, start)
+        self.ctx_len = start + hidden.shape[0]
+
+    def _check(self, start: int) -> None:
         if start != self.ctx_len:
             raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
-        n = hidden.shape[0]
-        if self.fast_absorb is not None and n <= self.model.block_size:  # per-step commits; prompts run eagerly
-            self.fast_absorb(hidden, start)
-        else:
-            self.model.context_rows(hidden, Span(self.cache, start, n, self.cos, self.sin))
-        self.ctx_len = start + n
 
     def can_queue_ahead(self, params: SamplingParams) -> bool:
         return self.fast is not None  # the device-position forward (graphs or static path)
@@ -77,9 +85,8 @@ class DFlashProposer(Drafter):
         """Absorbs every verified row [start, start + len(hidden)): the rejected ones are overwritten by the block
         and by later absorbs. Then drafts k positions after `bonus`; until `commit` the context counts as ending at
         `start`."""
-        if start != self.ctx_len:
-            raise RuntimeError(f"drafter context out of step: has {self.ctx_len}, got rows from {start}")
-        self.fast_absorb(hidden, start)
+        self.absorb_verified(hidden, ids, start)
+        self.ctx_len = start  # until `commit`
         mask = self.model.c.mask_token_id
 
         def block(ids, positions):  # [bonus, masks...] at start + accepted + 1, ...: one kernel

@@ -9,7 +9,7 @@ from ...layers import ops
 from ...layers.kv_cache import KVCache
 from ...layers.spans import Span, StaticSpan
 from ...models.eagle3 import Eagle3Drafter
-from ..graphs import MAX_ROWS, Graphs, host_ids, upload, window_for
+from ..graphs import MAX_ROWS, Graphs, upload, window_for
 from ..sampling import SamplingParams, draw, probabilities
 from .base import Drafter
 
@@ -64,10 +64,6 @@ class Eagle3Proposer(Drafter):
         if start != self.committed:
             raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
         m = hidden.shape[0]
-        if self.fast_absorb is not None and 0 < start and m <= MAX_ROWS:  # per-step commits; prompts run eagerly
-            self._absorb_fast(hidden, start, host_ids(tokens, self.model.device))
-            self.commit(start + m)
-            return
         self.fused[start : start + m] = self.model.fuse(hidden)
         self.committed = start + m
         # Rows [start-1, start+m-2]: state at p with the token at p+1 (row start-1 waited for tokens[0]).
@@ -78,6 +74,15 @@ class Eagle3Proposer(Drafter):
             self.model.rows(span, self.fused[first : first + nxt.numel()], nxt)
         self.rows = first + nxt.numel()
 
+    def absorbs_verified(self) -> bool:
+        return self.fast_absorb is not None and self.committed >= 1
+
+    def absorb_verified(self, hidden: torch.Tensor, ids: torch.Tensor, start: int) -> None:
+        if start != self.committed or start < 1:
+            raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
+        self._absorb_fast(hidden, start, ids)
+        self.commit(start + hidden.shape[0])
+
     def can_queue_ahead(self, params: SamplingParams) -> bool:
         return self.fast is not None and params.greedy  # the device-position chain, which is greedy
 
@@ -87,10 +92,9 @@ class Eagle3Proposer(Drafter):
         verify input, on the device). Rows past the accepted ones pair states with rejected tokens: the chain and
         later absorbs overwrite them, and causal attention hides them from the rows before. Then chains k drafts
         after `bonus`; until `commit` the drafter counts as committed to `start`."""
-        if start != self.committed or start < 1:
-            raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
         m = hidden.shape[0]
-        self._absorb_fast(hidden, start, ids)
+        self.absorb_verified(hidden, ids, start)
+        self.committed = start  # until `commit`
         # The chain's rows sit at committed-1 ... committed+k-2 (committed = start + accepted + 1).
         positions = self.offsets[:k] + (accepted + start)
         return self.fast(bonus.view(1), start, k, end=start + m + k, positions=positions), None
