@@ -64,6 +64,12 @@ class ForcedAcceptance(Drafter):
     def can_queue_ahead(self, params) -> bool:
         return self.inner.can_queue_ahead(params)
 
+    def absorbs_verified(self) -> bool:
+        return self.inner.absorbs_verified()
+
+    def absorb_verified(self, hidden, ids, start: int) -> None:
+        self.inner.absorb_verified(hidden, ids, start)  # `commit` then names the committed length
+
     def propose(self, last: int, k: int, params, gen):
         return self._force(self.pos, k, *self.inner.propose(last, k, params, gen))
 
