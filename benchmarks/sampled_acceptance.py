@@ -55,7 +55,7 @@ from dflash_cli.layers import ops
 from dflash_cli.runtime.generation import Request, generate
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
-from dflash_cli.runtime.sampling import SamplingParams, draw, probabilities
+from dflash_cli.runtime.sampling import SamplingParams, probabilities
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
@@ -74,16 +74,10 @@ def _onehot(drafts: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(drafts, vocab).float()
 
 
-# Both ways of both drafters are defined here, whichever the engine ships, so that the comparison stays runnable.
+# The sampled way is the engine's own; the argmax way is defined here, so that the comparison stays runnable.
 
 
-class SampledDFlash(DFlashProposer):
-    """Each block position drawn from its own filtered row; q = those rows."""
-
-    @staticmethod
-    def _drafts(logits, params, gen):
-        q = probabilities(logits, params)
-        return draw(q, gen), q
+SampledDFlash = DFlashProposer  # what the engine ships: each block position drawn from its own filtered row
 
 
 class ArgmaxDFlash(DFlashProposer):
@@ -95,26 +89,7 @@ class ArgmaxDFlash(DFlashProposer):
         return drafts, _onehot(drafts, logits.shape[-1])
 
 
-class SampledEagle3(Eagle3Proposer):
-    """The eager chain that samples each position and feeds it to the next; q = the filtered rows, zero
-    outside the draft vocabulary."""
-
-    def can_queue_ahead(self, params):
-        return False  # the device-position chain is greedy
-
-    def propose(self, last, k, params, gen):
-        d = self.model
-        pos, state = self.first_state()
-        token, drafts, rows = last, [], []
-        for _ in range(k):
-            logits, state = self.chain_step(pos, state, token)
-            q = logits.new_zeros(d.c.vocab)
-            q[d.draft_to_target] = probabilities(logits, params)
-            rows.append(q)
-            token = draw(q, gen).view(1)
-            drafts.append(token)
-            pos += 1
-        return torch.cat(drafts), torch.stack(rows)
+SampledEagle3 = Eagle3Proposer  # what the engine ships: the eager chain that samples each position
 
 
 class ArgmaxEagle3(Eagle3Proposer):
