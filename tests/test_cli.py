@@ -278,7 +278,7 @@ def test_flags_are_declared_once():
 
     import typer.main
 
-    from dflash_cli.cli import options
+    from dflash_cli import options
     from dflash_cli.cli.app import app
 
     group = typer.main.get_command(app)

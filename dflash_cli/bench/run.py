@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli.options import BenchOptions
+from ..options import BenchOptions
 from ..runtime.generation import PlainDecoder, Request, Result, generate
 from ..runtime.graphs import Totals
 from ..runtime.sampling import SamplingParams

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from .. import tuning
 from ..errors import DflashError
-from .options import BenchOptions, ChatOptions, GenerateOptions, ServeOptions, TrainOptions, command
+from ..options import BenchOptions, ChatOptions, GenerateOptions, ServeOptions, TrainOptions, command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..cli.options import ChatOptions, data_dir
+from ..options import ChatOptions, data_dir
 from ..conversation import Conversation
 from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, Result, generate
@@ -18,7 +18,7 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import LEGEND, StreamView
-from .common import RepetitionGuard, check_draft_len, finish_reason, sampling_params, set_threads, tee
+from .common import RepetitionGuard, check_draft_len, finish_reason, set_threads, tee
 
 __all__ = ["ChatOptions", "ChatRepl", "run_chat"]
 
@@ -64,7 +64,7 @@ class ChatRepl:
         if self.max_tokens >= context:
             raise DflashError(f"--max-tokens {self.max_tokens} does not fit the context of {context} tokens "
                               f"(use --context or a smaller --max-tokens)")
-        self.params = sampling_params(self.bundle, o.temperature, o.top_p, o.top_k, o.seed)
+        self.params = self.bundle.sampling(o.temperature, o.top_p, o.top_k, o.seed)
         set_threads(o.threads, self.bundle, self.bundle.device)
         self.draft, self.draft_len = o.draft, o.draft_len
         self.decoder = make_decoder(self.bundle, o.draft, o.draft_len)
@@ -387,7 +387,7 @@ def _prompt_session(history: Path | None):
 
 def run_chat(o: ChatOptions, console: Console) -> None:
     if o.url:
-        from ..remote import remote_chat
+        from .remote import remote_chat
 
         return remote_chat(o, console)
     ChatRepl(o, console).run()

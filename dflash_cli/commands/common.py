@@ -6,9 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..runtime.sampling import SamplingParams
 from ..errors import DflashError
-from ..runtime.bundle import Bundle
 
 DEFAULT_MAX_TOKENS = 512
 # Below this, one thread: the demo target (15 MB) on a 2-core CPU decodes 194-224 tok/s on 1 thread, 168-257 on 2 when
@@ -34,15 +32,6 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if not text.strip():
         raise DflashError(f"the prompt is empty ({source})" if text == "" else f"the prompt is only whitespace ({source})")
     return text
-
-
-def sampling_params(bundle: Bundle, temperature, top_p, top_k, seed) -> SamplingParams:
-    """Flags first, then the model's recommended defaults; greedy when nothing says otherwise."""
-    d = bundle.sampling_defaults()
-    temperature = d.get("temperature", 0.0) if temperature is None else temperature
-    top_p = d.get("top_p", 1.0) if top_p is None else top_p
-    top_k = d.get("top_k", 0) if top_k is None else top_k
-    return SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k), seed=seed)
 
 
 def physical_cores() -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..cli.options import GenerateOptions
+from ..options import GenerateOptions
 from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, generate
 from ..runtime.session import Session
@@ -16,15 +16,14 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView, footer_lines, json_stats
-from .common import (RepetitionGuard, check_draft_len, check_writable, finish_reason, read_prompt, sampling_params,
-                     set_threads, tee)
+from .common import RepetitionGuard, check_draft_len, check_writable, finish_reason, read_prompt, set_threads, tee
 
 __all__ = ["GenerateOptions", "run_generate"]
 
 
 def run_generate(o: GenerateOptions, console: Console) -> None:
     if o.url:
-        from ..remote import remote_generate
+        from .remote import remote_generate
 
         return remote_generate(o, console)
     text = read_prompt(o.prompt, o.prompt_file)
@@ -52,7 +51,7 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
     context = o.context or limit
     if len(ids) >= context:
         raise DflashError(f"prompt is {len(ids)} tokens; the context holds {context}")
-    params = sampling_params(bundle, o.temperature, o.top_p, o.top_k, o.seed)
+    params = bundle.sampling(o.temperature, o.top_p, o.top_k, o.seed)
     set_threads(o.threads, bundle, bundle.device)
     trace = _open_trace(o.trace)  # early: a bad path fails before the weights load
     guard = RepetitionGuard(o.repeat_guard)

@@ -8,7 +8,7 @@ import shlex
 import socket
 import sys
 
-from ..cli.options import ServeOptions
+from ..options import ServeOptions
 from ..errors import DflashError
 from ..registry import Registry
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..cli.options import TrainOptions
+from ..options import TrainOptions
 from ..errors import DflashError
 
 

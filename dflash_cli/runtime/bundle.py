@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DflashError
+from .sampling import SamplingParams
 from ..registry import ModelEntry
 from ..loading.config import Qwen3Config, read_json
 from ..loading.tokenizer import ChatTokenizer
@@ -63,6 +64,14 @@ class Bundle:
         out.update(self.entry.generation)
         return out
 
+
+    def sampling(self, temperature, top_p, top_k, seed) -> SamplingParams:
+        """Flags first (None: unset), then the model's recommended defaults; greedy when nothing says otherwise."""
+        d = self.sampling_defaults()
+        temperature = d.get("temperature", 0.0) if temperature is None else temperature
+        top_p = d.get("top_p", 1.0) if top_p is None else top_p
+        top_k = d.get("top_k", 0) if top_k is None else top_k
+        return SamplingParams(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k), seed=seed)
 
     def load_model(self):
         """Load the target weights (the slow part; callers validate input first)."""

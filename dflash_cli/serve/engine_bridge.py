@@ -12,7 +12,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..commands.common import sampling_params
 from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, generate
 from ..runtime.sampling import SamplingParams
@@ -83,7 +82,7 @@ class Engine:
 
     def sampling(self, temperature, top_p, top_k, seed) -> SamplingParams:
         """Request values first, then the model's recommended defaults (raises DflashError on bad values)."""
-        return sampling_params(self.bundle, temperature, top_p, top_k, seed)
+        return self.bundle.sampling(temperature, top_p, top_k, seed)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

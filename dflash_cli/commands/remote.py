@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ..errors import DflashError
-from .client import Remote
-from .stats import footer, stats
+from ..remote.client import Remote
+from ..remote.stats import footer, stats
 
 
 def _sampling(o) -> dict:
@@ -28,7 +28,7 @@ def _local_only(o, names) -> None:
 
 
 def remote_generate(o, console) -> None:
-    from ..commands.common import read_prompt
+    from .common import read_prompt
 
     _local_only(o, ("draft", "draft_len", "device", "dtype", "trace", "show_drafts"))
     text = read_prompt(o.prompt, o.prompt_file)

@@ -115,7 +115,7 @@ class BenchOptions:
 
     def __post_init__(self):
         if self.drafts is None:
-            from ..errors import DflashError
+            from .errors import DflashError
 
             items = [t.strip() for t in self.draft.split(",") if t.strip()]
             if not items:
