@@ -120,6 +120,8 @@ def load_tensors(
 
     out: dict[str, torch.Tensor] = {}
     bad_shapes = []
+    device = torch.device(device)
+    stream = _Stream(device) if device.type == "cuda" else None
     for path, pairs in by_file.items():
         try:
             with _open(path) as f:
@@ -128,13 +130,79 @@ def load_tensors(
                     if shape != tuple(expected[ours]):
                         bad_shapes.append(f"{ckpt_name} {list(shape)} != expected {list(expected[ours])}")
                         continue
+                    if stream is not None and path.suffix != ".bin":
+                        out[ours] = stream.load(f.get_slice(ckpt_name), shape, dtype)
+                        continue
                     t = f.get_tensor(ckpt_name)
                     out[ours] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise DflashError(f"cannot read {path.name}: {exc}") from None
+    if stream is not None:
+        stream.finish()
     if bad_shapes:
         raise DflashError(f"checkpoint {model_dir} has wrongly shaped tensors: " + _names(bad_shapes))
     return out
+
+
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+class _Stream:
+    """Checkpoint tensors to a CUDA device through pinned staging buffers: a chunk of rows is read from the
+    memory-mapped file into one buffer while the device copies the chunk before out of another, so the weights
+    stream at the device's copy rate instead of a pageable copy's."""
+
+    CHUNK = 64 << 20  # bytes a staging buffer holds
+    BUFFERS = 3
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.side = torch.cuda.Stream(device)
+        self.buffers = [torch.empty(self.CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(self.BUFFERS)]
+        self.done = [None] * self.BUFFERS  # the copy event each buffer waits on before its next fill
+        self.turn = 0
+
+    def load(self, sl, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The tensor behind a safetensors slice on the device, floating point cast to dtype there."""
+        src = _DTYPES.get(sl.get_dtype())
+        if src is None or not shape:
+            t = sl[:] if shape else sl[...]
+            return t.to(device=self.device, dtype=dtype if t.is_floating_point() else t.dtype)
+        row = src.itemsize * (torch.Size(shape[1:]).numel() if len(shape) > 1 else 1)  # bytes of one row
+        if row > self.CHUNK:  # a row beyond a staging buffer: the plain copy
+            t = sl[:]
+            return t.to(device=self.device, dtype=dtype if t.is_floating_point() else t.dtype)
+        raw = torch.empty(shape, dtype=src, device=self.device)
+        rows = self.CHUNK // row
+        flat = raw.view(raw.shape[0], -1).view(torch.uint8) if raw.dim() > 1 else raw.view(-1, 1).view(torch.uint8)
+        for a in range(0, shape[0], rows):
+            b = min(shape[0], a + rows)
+            part = sl[a:b]
+            buf = self._buffer()
+            n = part.numel() * part.element_size()
+            buf[:n].view(part.dtype).view(part.shape).copy_(part)
+            with torch.cuda.stream(self.side):
+                flat[a:b].view(-1).copy_(buf[:n], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.side)
+            self.done[self.turn] = event
+            self.turn = (self.turn + 1) % self.BUFFERS
+        if src.is_floating_point and raw.is_floating_point() and src != dtype:
+            torch.cuda.current_stream(self.device).wait_stream(self.side)
+            return raw.to(dtype)
+        return raw
+
+    def _buffer(self) -> torch.Tensor:
+        if self.done[self.turn] is not None:
+            self.done[self.turn].synchronize()  # its last chunk has reached the device
+        return self.buffers[self.turn]
+
+    def finish(self) -> None:
+        """Every copy done, before anyone reads the tensors."""
+        torch.cuda.current_stream(self.device).wait_stream(self.side)
+        self.side.synchronize()
 
 
 def _shape(t) -> tuple[int, ...]:
