@@ -2,7 +2,7 @@
 (q its probabilities, what the engine ships) against drafts proposed as the drafter's argmax (q one-hot).
 
 τ = committed tokens per verify step (accepted drafts + 1), pooled over prompts and seeds. Both ways are
-lossless (engine/sampling.py accept_sampled: with a one-hot q it accepts with probability p(draft) and at a
+lossless (runtime/sampling.py accept_sampled: with a one-hot q it accepts with probability p(draft) and at a
 rejection draws from p with the draft removed); they differ only in how much is accepted. DFlash's block
 positions are drafted in one forward, not conditioned on each other, so sampling each from its row may draw
 an incoherent block; EAGLE-3's chain conditions each position on the one sampled before it.

@@ -120,7 +120,7 @@ def test_qkv_warms_the_layer_keys_over_long_windows(monkeypatch):
     from dflash_cli.layers.spans import Span, StaticSpan
     from dflash_cli.models import decoder
 
-    monkeypatch.setattr(ops, "_WARM_BYTES", 4 << 20)  # the default, whatever DFLASH_L2_WARM_MB says
+    monkeypatch.setattr(ops, "_WARM_BYTES", 4 << 20)  # the default
     o = torch.zeros(64, 32, dtype=torch.bfloat16)
     layer = decoder.DecoderLayer(qkv=None, qkv_bias=None, o=o, gate_up=None, down=None, input_norm=None,
                                  post_norm=None, q_norm=None, k_norm=None)

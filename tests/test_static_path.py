@@ -183,15 +183,15 @@ def test_plain_queue_ahead_changes_no_token(models, path):
     stop = ref[9]
     for max_len, max_tokens, stops in ((200, 40, ()), (200, 7, ()), (200, 40, (stop,)), (len(prompt) + 12, 40, ())):
         runs = []
-        for lookahead in (False, True):
+        for queue_ahead in (False, True):
             s = Session(target, max_len, path=path)
-            first = generate(s, PlainDecoder(lookahead), Request(prompt, GREEDY, max_tokens, stops))
-            more = generate(s, PlainDecoder(lookahead), Request([5, 6], GREEDY, 3)) if s.room() > 6 else None
+            first = generate(s, PlainDecoder(queue_ahead), Request(prompt, GREEDY, max_tokens, stops))
+            more = generate(s, PlainDecoder(queue_ahead), Request([5, 6], GREEDY, 3)) if s.room() > 6 else None
             runs.append((first.tokens, first.finish_reason, first.context_full, s.length, s.pending,
                          more and more.tokens))
         assert runs[0] == runs[1]
-    sampled = [generate(Session(target, 200, path=path), PlainDecoder(lookahead),
-                        Request(prompt, SamplingParams(temperature=0.8, seed=3), 20)).tokens for lookahead in (0, 1)]
+    sampled = [generate(Session(target, 200, path=path), PlainDecoder(queue_ahead),
+                        Request(prompt, SamplingParams(temperature=0.8, seed=3), 20)).tokens for queue_ahead in (0, 1)]
     assert sampled[0] == sampled[1]
 
 
