@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -133,8 +134,7 @@ def load_tensors(
                     if stream is not None and path.suffix != ".bin":
                         out[ours] = stream.load(f.get_slice(ckpt_name), shape, dtype)
                         continue
-                    t = f.get_tensor(ckpt_name)
-                    out[ours] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                    out[ours] = _to(f.get_tensor(ckpt_name), device, dtype)
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise DflashError(f"cannot read {path.name}: {exc}") from None
     if stream is not None:
@@ -167,16 +167,12 @@ class _Stream:
     def load(self, sl, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The tensor behind a safetensors slice on the device, floating point cast to dtype there."""
         src = _DTYPES.get(sl.get_dtype())
-        if src is None or not shape:
-            t = sl[:] if shape else sl[...]
-            return t.to(device=self.device, dtype=dtype if t.is_floating_point() else t.dtype)
-        row = src.itemsize * (torch.Size(shape[1:]).numel() if len(shape) > 1 else 1)  # bytes of one row
-        if row > self.CHUNK:  # a row beyond a staging buffer: the plain copy
-            t = sl[:]
-            return t.to(device=self.device, dtype=dtype if t.is_floating_point() else t.dtype)
+        row = src.itemsize * math.prod(shape[1:]) if src is not None and shape else 0  # bytes of one row
+        if not 0 < row <= self.CHUNK:  # a dtype of its own, a scalar, or a row beyond a staging buffer: plain copy
+            return _to(sl[:] if shape else sl[...], self.device, dtype)
         raw = torch.empty(shape, dtype=src, device=self.device)
         rows = self.CHUNK // row
-        flat = raw.view(raw.shape[0], -1).view(torch.uint8) if raw.dim() > 1 else raw.view(-1, 1).view(torch.uint8)
+        flat = raw.view(shape[0], -1).view(torch.uint8)  # [rows, bytes of a row]
         for a in range(0, shape[0], rows):
             b = min(shape[0], a + rows)
             part = sl[a:b]
@@ -189,7 +185,7 @@ class _Stream:
                 event.record(self.side)
             self.done[self.turn] = event
             self.turn = (self.turn + 1) % self.BUFFERS
-        if src.is_floating_point and raw.is_floating_point() and src != dtype:
+        if src.is_floating_point and src != dtype:
             torch.cuda.current_stream(self.device).wait_stream(self.side)
             return raw.to(dtype)
         return raw
@@ -203,6 +199,11 @@ class _Stream:
         """Every copy done, before anyone reads the tensors."""
         torch.cuda.current_stream(self.device).wait_stream(self.side)
         self.side.synchronize()
+
+
+def _to(t: torch.Tensor, device, dtype: torch.dtype) -> torch.Tensor:
+    """t on device, floating point cast to dtype."""
+    return t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
 
 
 def _shape(t) -> tuple[int, ...]:

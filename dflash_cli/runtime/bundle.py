@@ -64,7 +64,6 @@ class Bundle:
         out.update(self.entry.generation)
         return out
 
-
     def sampling(self, temperature, top_p, top_k, seed) -> SamplingParams:
         """Flags first (None: unset), then the model's recommended defaults; greedy when nothing says otherwise."""
         d = self.sampling_defaults()

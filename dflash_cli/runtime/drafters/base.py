@@ -50,8 +50,8 @@ class Drafter:
 
     def absorb_verified(self, hidden: torch.Tensor, ids: torch.Tensor, start: int) -> None:
         """Absorb every verified row (states `hidden`, tokens `ids`, from position `start`) on the device, the
-        rejected ones included (later absorbs overwrite them), so that every step has one shape; `commit` then names
-        the committed length."""
+        rejected ones included (later absorbs overwrite them), so that every step has one shape. The committed length
+        stays where it was until `commit` names it."""
         raise NotImplementedError
 
     def can_queue_ahead(self, params: SamplingParams) -> bool:

@@ -68,7 +68,6 @@ class DFlashProposer(Drafter):
     def absorb_verified(self, hidden: torch.Tensor, ids: torch.Tensor, start: int) -> None:
         self._check(start)
         self.fast_absorb(hidden, start)
-        self.ctx_len = start + hidden.shape[0]
 
     def _check(self, start: int) -> None:
         if start != self.ctx_len:
@@ -86,7 +85,6 @@ class DFlashProposer(Drafter):
         and by later absorbs. Then drafts k positions after `bonus`; until `commit` the context counts as ending at
         `start`."""
         self.absorb_verified(hidden, ids, start)
-        self.ctx_len = start  # until `commit`
         mask = self.model.c.mask_token_id
 
         def block(ids, positions):  # [bonus, masks...] at start + accepted + 1, ...: one kernel

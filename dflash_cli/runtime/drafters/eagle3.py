@@ -81,7 +81,6 @@ class Eagle3Proposer(Drafter):
         if start != self.committed or start < 1:
             raise RuntimeError(f"EAGLE-3 drafter out of step: has {self.committed}, got rows from {start}")
         self._absorb_fast(hidden, start, ids)
-        self.commit(start + hidden.shape[0])
 
     def can_queue_ahead(self, params: SamplingParams) -> bool:
         return self.fast is not None and params.greedy  # the device-position chain, which is greedy
@@ -94,7 +93,6 @@ class Eagle3Proposer(Drafter):
         after `bonus`; until `commit` the drafter counts as committed to `start`."""
         m = hidden.shape[0]
         self.absorb_verified(hidden, ids, start)
-        self.committed = start  # until `commit`
         # The chain's rows sit at committed-1 ... committed+k-2 (committed = start + accepted + 1).
         positions = self.offsets[:k] + (accepted + start)
         return self.fast(bonus.view(1), start, k, end=start + m + k, positions=positions), None
