@@ -112,7 +112,7 @@ def main():
     session = Session(target, PROMPT + NEW + 64)
     # As `dflash bench` does: the prompt's prefill graph is captured on its first use, so the timed run replays it
     # (otherwise its first use runs uncaptured and the timed run's TTFT includes the capture: 280 ms, session 39).
-    session.fast.prefill_capture_at_first_use = True
+    session.fast.capture_prefills = True
     for mode, decoder in (("plain", PlainDecoder()), ("dflash", SpeculativeDecoder(DFlashProposer(drafter)))):
         for _ in range(2):  # the first run captures the graphs
             session.reset()

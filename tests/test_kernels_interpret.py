@@ -106,16 +106,22 @@ CHECK = textwrap.dedent("""
                  (6, 8, 2, 16, 700, list(range(600, 606))),  # 24 query rows: a span's splits (SPAN_PROGRAMS)
                  (6, 8, 2, 16, 700, ("block", 650)),
                  (1, 4, 2, 128, 2048, [1500]),  # Qwen3's head dim: 32 splits, the dims over 2 (or 8) programs
-                 (6, 8, 2, 64, 2048, list(range(1500, 1506))))  # a span whose merge shares dims (small budget)
-        # Few programs / short splits: several splits to merge; a small merge budget: a loop of loads as well.
-        for programs, split, elems in ((512, 256, 2048), (8, 64, 2048), (8, 64, 128)):
-            attention.PROGRAMS, attention.SPLIT, attention.MERGE_ELEMS = programs, split, elems
+                 (6, 8, 2, 64, 2048, list(range(1500, 1506))),  # a span whose merge shares dims (small budget)
+                 # The grid is the window's, the split the length's: a short length in a long window; one past
+                 # GRID_KEYS, whose splits grow; a span whose length is just past a power of two
+                 (1, 4, 2, 16, 6000, [130]), (1, 4, 2, 16, 9000, [8999]), (6, 8, 2, 16, 3000, list(range(2044, 2050))))
+        # Few programs / short splits: several splits to merge; a small merge budget: a loop of loads as well; a
+        # grid of few programs (GRID_KEYS), whose long lengths take splits larger than SPLIT.
+        for programs, split, elems, grid in ((512, 256, 2048, 16384), (8, 64, 2048, 16384), (8, 64, 128, 16384),
+                                             (8, 64, 2048, 512)):
+            attention.PROGRAMS, attention.SPLIT, attention.MERGE_ELEMS, attention.GRID_KEYS = programs, split, elems, grid
             for t, h, kv, d, s, lim in cases if dt == torch.float32 else cases[:1]:
                 qq, kk_, vv = (torch.randn(t, h, d).to(dt), torch.randn(s, kv, d).to(dt), torch.randn(s, kv, d).to(dt))
                 limit = torch.tensor([lim[1]]).expand(t) if isinstance(lim, tuple) else torch.tensor(lim)
                 vis = torch.arange(s)[None, :] <= limit[:, None]
                 ref = ops.attention_masked(qq, kk_, vv, vis, d ** -0.5)
                 assert rel(attention.attention_window(qq, kk_, vv, limit, d ** -0.5), ref) <= 10 * tol
+        attention.GRID_KEYS = 16384
         # A step's rows straight from the projection: the split kernel normalises, rotates and writes the new keys
         # itself. Cases: rows inside one split, across two, a non-causal block, at position 0, spans of more rows
         # than one program holds; stale rows past them.

@@ -32,8 +32,8 @@ def models(tmp_path_factory):
     return target, dflash, eagle
 
 
-def test_windows_are_power_of_two_buckets_capped_by_the_cache():
-    assert window_for(1, 4096) == 256 and window_for(257, 4096) == 512 and window_for(3000, 3000) == 3000
+def test_every_step_reads_the_whole_cache():
+    assert window_for(1, 4096) == window_for(3000, 4096) == 4096  # one graph a step shape, wherever it runs
 
 
 def test_static_logits_match_eager_across_window_boundaries(models):
@@ -64,8 +64,9 @@ def test_prefill_sizes_are_padded_buckets():
 
 
 def test_padded_prefill_matches_eager(models):
-    """Prefills past MAX_ROWS on the static path: padded to a bucket, the padding rows first at positions after
-    the prompt; eager on a size's first use, built on its second, replayed with new inputs on later ones. Logits,
+    """Prefills past MAX_ROWS on the static path: uncaptured (no shape kept), unless capture_prefills (the bench):
+    then padded to a bucket, the padding rows first at positions after the prompt, built on a size's first use,
+    replayed with new inputs on later ones. Logits,
     captured states and every later step agree with the eager forward; a prefill whose padding would pass the
     cache's end runs eagerly."""
     target = models[0]
@@ -80,14 +81,16 @@ def test_padded_prefill_matches_eager(models):
         a, b = eager.forward([11], all_logits=True), static.forward([11], all_logits=True)
         assert torch.allclose(a.logits, b.logits, rtol=1e-5, atol=1e-5)
 
-    # Different prompts of one bucket (64 rows, window 256) from position 0: uncaptured, built, then replayed
-    # twice, each time with its own ids and positions; for last-row logits and for every row's.
+    # Different prompts of one bucket (64 rows) from position 0: uncaptured; then, captured, built and replayed
+    # with their own ids and positions; for last-row logits and for every row's.
     g = torch.Generator().manual_seed(3)
-    for use in range(8):
-        eager.reset(), static.reset()
-        same(torch.randint(0, 300, (int(torch.randint(33, 65, (1,), generator=g)),), generator=g).tolist(),
-             all_logits=use >= 4)
-    assert [key[0] for key in static.fast.steps if key[0] > 32] == [64, 64]
+    for capture in (False, True):
+        static.fast.capture_prefills = capture
+        for use in range(8):
+            eager.reset(), static.reset()
+            same(torch.randint(0, 300, (int(torch.randint(33, 65, (1,), generator=g)),), generator=g).tolist(),
+                 all_logits=use >= 4)
+        assert [key[0] for key in static.fast.steps if key[0] > 32] == ([64, 64] if capture else [])
     # One session growing: prefills after earlier turns (the first and third share a key).
     eager.reset(), static.reset()
     for i, ids in enumerate([list(range(3, 63)), [5] * 40, list(range(200, 250)), list(range(9, 120))]):
@@ -197,10 +200,9 @@ def test_plain_queue_ahead_changes_no_token(models, path):
 
 def test_a_greedy_plain_step_feeds_its_next_inputs(models, monkeypatch):
     """With queue-ahead on the static path, each decode step's verdict stages the next step's token and position
-    itself: after the first steps nothing is staged, across window buckets (a new bucket's first step is built
-    from the fed token), and the tokens are the eager path's."""
+    itself: after the first step nothing is staged, and the tokens are the eager path's."""
     target = models[0]
-    prompt = [3 + i * 7 % 90 for i in range(230)]  # 50 more tokens cross the 256-key window
+    prompt = [3 + i * 7 % 90 for i in range(230)]
     ref = generate(Session(target, 400, path="eager"), PlainDecoder(queue_ahead=False), Request(prompt, GREEDY, 50))
     staged = []
     for name in ("stage_step", "stage"):
@@ -212,10 +214,10 @@ def test_a_greedy_plain_step_feeds_its_next_inputs(models, monkeypatch):
                         lambda self, *a: continued.append(real_continues(self, *a)) or continued[-1])
     session = Session(target, 400, path="static")
     got = generate(session, PlainDecoder(queue_ahead=True), Request(prompt, GREEDY, 50))
-    assert got.tokens == ref.tokens and staged == [] and {k[1] for k in session.fast.steps if k[0] == 1} == {256, 400}
+    assert got.tokens == ref.tokens and staged == [] and {k[1] for k in session.fast.steps if k[0] == 1} == {400}
     # One forward a step (the first step's own, then each step's queued one; the last step queues none): all but
-    # the two that built their steps (the first, on host ids, and the new bucket's first) continued the fed one.
-    assert continued == [True] * (len(got.steps) - 2)
+    # the one that built the step (the first, on host ids) continued the fed one.
+    assert continued == [True] * (len(got.steps) - 1)
     assert session.fed_token(session.length - 1) is not None  # the last queued forward's record
     more = generate(session, PlainDecoder(queue_ahead=True), Request([5, 6], GREEDY, 3))  # host ids: staged anew
     again = Session(target, 400, path="eager")
@@ -361,4 +363,28 @@ def test_a_second_generation_meets_no_new_graph_shape(models, kind):
         for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=2)):
             generate(session, decoder, Request(prompt, params, budget))
             session.reset()
+    assert graphs.Totals.shapes == before
+
+
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])
+def test_capture_at_load_leaves_no_shape_for_the_generations(models, kind):
+    """After warmup.prepare, greedy generations of any prompt and length meet no new step shape (on the GPU: no
+    capture after load), and give the same tokens as without it."""
+    from dflash_cli.runtime.warmup import prepare
+
+    target, dflash, eagle = models
+
+    def decoder():
+        return {"none": lambda: PlainDecoder(), "dflash": lambda: SpeculativeDecoder(DFlashProposer(dflash)),
+                "eagle3": lambda: SpeculativeDecoder(Eagle3Proposer(eagle), 4)}[kind]()
+
+    prompt = list(range(20, 27))
+    ref = generate(Session(target, 300, path="eager"), decoder(), Request(prompt, GREEDY, 150)).tokens
+    session, dec = Session(target, 300, path="static"), decoder()
+    prepare(session, dec, GREEDY)
+    assert session.length == 0 and not session.pending
+    before = graphs.Totals.shapes
+    assert generate(session, dec, Request(prompt, GREEDY, 150)).tokens == ref
+    # a later turn: a short message after the first answer
+    generate(session, dec, Request(list(range(40, 45)), GREEDY, 60))
     assert graphs.Totals.shapes == before

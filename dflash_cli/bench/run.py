@@ -178,7 +178,7 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
     # One session for every run: its cache and captured CUDA graphs are reused (reset = length 0).
     session = Session(bt.model, bt.max_len)
     if session.fast is not None:  # the warm-up runs each prompt once: capture its prefill graph then, and keep
-        session.fast.prefill_capture_at_first_use = True  # one per prompt (a mode's keys are its prompts' sizes)
+        session.fast.capture_prefills = True  # one per prompt (a mode's keys are its prompts' sizes)
         session.fast.prefill_graphs = max(session.fast.prefill_graphs, len(bt.prompt_ids))
     start = Totals.snapshot()
     for mode in o.drafts:

@@ -2,10 +2,13 @@
 
 Which keys a row sees comes from `limit` in device memory (the last visible key
 index per query row), so one compiled launch serves every position inside a CUDA
-graph. The window is cut into splits of up to SPLIT keys, one program per (KV
-head, split); blocks past the largest limit load nothing. A decode step (a few
-rows) cuts its window into about PROGRAMS programs: the window alone must fill
-the GPU; a span into about SPAN_PROGRAMS. All query heads of a KV group share
+graph, and so does its grid: the programs read the current length (the largest
+limit + 1) and cut it into splits themselves (`_split_size`), so a graph captured
+once serves the whole context. A decode step (a few rows) cuts the length into
+about PROGRAMS programs of up to SPLIT keys: the keys alone must fill the GPU; a
+span into about SPAN_PROGRAMS. The grid has the splits of the window's full
+length (up to GRID_KEYS keys): a length that would need more takes larger splits,
+and programs past the length load nothing. All query heads of a KV group share
 its K/V loads. A second kernel merges the splits' partial softmax states,
 reading every split's state in vector loads (a loop of dependent loads cost a
 memory latency per split: at context 8192 that merge took longer than the split
@@ -38,6 +41,9 @@ SPAN_MIN_SPLIT = 128
 # Key blocks of a span that the RoPE kernel feeds (EAGLE-3's verify past FRESH_SPAN_WINDOW): 32 keys, so that two of
 # its programs fit an SM's shared memory within the carveout (carveout.CARVEOUT).
 SPAN_BLOCK_S = 32
+# The grid has the split programs of the window's full length up to this many keys (past it, splits grow beyond SPLIT
+# instead, rather than launch programs that short lengths leave idle).
+GRID_KEYS = 16384
 MERGE_WARPS = 1  # one warp a merge program: its split reductions stay inside the warp
 # Triton's launch tuning of the split kernel (None: Triton's default, or _split_tuning's stages); the attention sweep
 # (benchmarks/attention_sweep.py) sets them.
@@ -136,12 +142,48 @@ def _warm_share(base, nbytes, after, STEPS: tl.constexpr, THREADS: tl.constexpr)
 
 
 @triton.jit
+def _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T: tl.constexpr, LEAST: tl.constexpr, CAP: tl.constexpr,
+                PROGRAMS: tl.constexpr, KVB: tl.constexpr):
+    """(keys a split holds, the length: the largest limit of the T rows + 1), the same in every program of a launch
+    and its merge: the smallest power of two from LEAST that cuts the length into about PROGRAMS programs over KVB
+    (KV heads x row blocks), at most CAP keys, unless NSPLIT splits of CAP would not cover it (split_size on the
+    host)."""
+    tt = tl.arange(0, BLOCK_T)
+    length = tl.max(tl.load(limit_ptr + tt * stride_lt, mask=tt < T, other=-1), axis=0) + 1
+    split = LEAST
+    while (split < CAP) & (split * PROGRAMS < length * KVB):
+        split *= 2
+    while split * NSPLIT < length:
+        split *= 2
+    return split, length
+
+
+def split_size(length: int, least: int, programs: int, kvb: int, nsplit: int | None = None) -> int:
+    """_split_size on the host (CAP = SPLIT): the split the kernel picks at `length` (nsplit None: any grid)."""
+    split = least
+    while split < SPLIT and split * programs < length * kvb:
+        split *= 2
+    while nsplit is not None and split * nsplit < length:
+        split *= 2
+    return split
+
+
+def grid_splits(window: int, least: int, programs: int, kvb: int) -> int:
+    """Split programs per KV head and row block: those of the window's full length (at most GRID_KEYS keys), as a
+    graph captured for that window had them. A shorter length whose own split would need more programs takes larger
+    splits instead (_split_size)."""
+    top = min(window, GRID_KEYS)
+    return triton.cdiv(top, split_size(top, least, programs, kvb))
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, stride_lt, stride_qt, stride_qh,
                   stride_ks, stride_kh, stride_vs, stride_vh, scale,
                   kn_ptr, vn_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
                   pos_ptr, eps, trace_ptr,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
-                  SPLIT: tl.constexpr, FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+                  LEAST: tl.constexpr, CAP: tl.constexpr, PROGRAMS: tl.constexpr, KVB: tl.constexpr,
+                  FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
                   ROWS: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr = False,
                   warm_ptr=None, warm_bytes=0, WARM: tl.constexpr = False, WARM_STEPS: tl.constexpr = 1,
                   WARM_THREADS: tl.constexpr = 128):
@@ -163,11 +205,13 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     offs_d = tl.arange(0, D)
     dt = k_ptr.dtype.element_ty
     q_rows = q_ptr + t * stride_qt + head * stride_qh
+    split, length = _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T, LEAST, CAP, PROGRAMS, KVB)
+    live = sp * split < length  # a program past the length loads and stores nothing
     if EARLY:
         pdl.trigger(PDL)
         lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
         max_lim = tl.max(lim, axis=0)
-        offs_0 = sp * SPLIT + tl.arange(0, BLOCK_S)
+        offs_0 = sp * split + tl.arange(0, BLOCK_S)
         old_0 = (offs_0 < max_lim)[:, None]  # one row: its limit is its own (new) position
         k_0 = tl.load(k_ptr + offs_0[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=old_0, other=0.0)
         v_0 = tl.load(v_ptr + offs_0[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=old_0, other=0.0)
@@ -180,11 +224,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
             first_new = max_lim
         else:
             first_new = tl.load(pos_ptr)
-        if (sp + 1) * SPLIT > first_new and sp * SPLIT < first_new + T:
+        if (sp + 1) * split > first_new and sp * split < first_new + T:
             # The new keys (and values) of this split into the cache, before this program reads them.
             j = tl.arange(0, BLOCK_T)
             pos_j = first_new + j
-            jmask = (j < T) & (pos_j >= sp * SPLIT) & (pos_j < (sp + 1) * SPLIT)
+            jmask = (j < T) & (pos_j >= sp * split) & (pos_j < (sp + 1) * split)
             kf = _norm_rope_rows(kn_ptr + j * stride_knt + kvh * stride_knh, jmask, kw_ptr, cos_ptr, sin_ptr,
                                  pos_j, eps, D, dt)
             vf = tl.load(vn_ptr + j[:, None] * stride_vnt + kvh * stride_vnh + offs_d[None, :],
@@ -203,13 +247,17 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     if not EARLY:
         lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
         max_lim = tl.max(lim, axis=0)
+        # The first key block outside the loop, whose trip count is the length's: a one-block split runs no loop.
+        offs_0 = sp * split + tl.arange(0, BLOCK_S)
+        old_0 = (offs_0 <= max_lim)[:, None]  # nothing past the length (a program past it loads nothing)
+        k_0 = tl.load(k_ptr + offs_0[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=old_0, other=0.0)
+        v_0 = tl.load(v_ptr + offs_0[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=old_0, other=0.0)
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, D), tl.float32)
-    if EARLY:
-        m_i, l_i, acc = _attend_block(q, k_0, v_0, offs_0, lim, scale, m_i, l_i, acc)
-    for i in range(1 if EARLY else 0, SPLIT // BLOCK_S):
-        offs_s = sp * SPLIT + i * BLOCK_S + tl.arange(0, BLOCK_S)
+    m_i, l_i, acc = _attend_block(q, k_0, v_0, offs_0, lim, scale, m_i, l_i, acc)
+    for i in range(1, tl.where(live, split // BLOCK_S, 0)):
+        offs_s = sp * split + i * BLOCK_S + tl.arange(0, BLOCK_S)
         smask = offs_s <= max_lim  # masked-off rows cost no memory traffic
         k = tl.load(k_ptr + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
                     mask=smask[:, None], other=0.0)
@@ -220,17 +268,22 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
         _warm_share(warm_ptr, warm_bytes, tl.max(l_i, axis=0), WARM_STEPS, WARM_THREADS)
     base = (kvh * NSPLIT + sp) * ROWS
     # The real rows only (the merge never reads the others): a decode row is 4 of a block's 16.
-    tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc, mask=rmask[:, None])
-    tl.store(part_ml + (base + r) * 2, m_i, mask=rmask)
-    tl.store(part_ml + (base + r) * 2 + 1, l_i, mask=rmask)
+    keep = rmask & (r * 0 + sp * split < length)  # (a row vector: a scalar term fails in the interpreter)
+    tl.store(part_o + (base + r)[:, None] * D + offs_d[None, :], acc, mask=keep[:, None])
+    tl.store(part_ml + (base + r) * 2, m_i, mask=keep)
+    tl.store(part_ml + (base + r) * 2 + 1, l_i, mask=keep)
     block_trace.record(trace_ptr, t0, t1, TRACE)
 
 
 @triton.jit
-def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, G: tl.constexpr, D: tl.constexpr,
-                  DB: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr, CHUNK: tl.constexpr,
-                  PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
+def _merge_kernel(part_o, part_ml, out_ptr, limit_ptr, stride_lt, T, NSPLIT: tl.constexpr, stride_ot,
+                  G: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr,
+                  CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, LEAST: tl.constexpr, CAP: tl.constexpr,
+                  PROGRAMS: tl.constexpr, KVB: tl.constexpr, PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
     t0 = block_trace.now(TRACE)
+    # The limits are the step's, written before its first layer: read while the split kernel still runs.
+    split, length = _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T, LEAST, CAP, PROGRAMS, KVB)
+    used = (length + split - 1) // split  # the splits that hold keys: the others stored nothing
     pdl_start(PDL)
     t1 = block_trace.now(TRACE)
     kvh = tl.program_id(0)
@@ -243,17 +296,17 @@ def _merge_kernel(part_o, part_ml, out_ptr, T, NSPLIT: tl.constexpr, stride_ot, 
         # split (at context 8192 that made the merge slower than the split kernel itself).
         sp = tl.arange(0, SPLITS_P2)
         rows = (kvh * NSPLIT + sp) * BLOCK_R + r
-        ms = tl.load(part_ml + rows * 2, mask=sp < NSPLIT, other=float("-inf"))
+        ms = tl.load(part_ml + rows * 2, mask=sp < used, other=float("-inf"))
         m = tl.max(ms, axis=0)
         w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
-        l = tl.sum(tl.load(part_ml + rows * 2 + 1, mask=sp < NSPLIT, other=0.0) * w, axis=0)
+        l = tl.sum(tl.load(part_ml + rows * 2 + 1, mask=sp < used, other=0.0) * w, axis=0)
         acc = tl.zeros((DB,), tl.float32)
         for c in range(0, SPLITS_P2 // CHUNK):  # the partial outputs, CHUNK splits per load
             cs = c * CHUNK + tl.arange(0, CHUNK)
             crow = (kvh * NSPLIT + cs) * BLOCK_R + r
-            cm = tl.load(part_ml + crow * 2, mask=cs < NSPLIT, other=float("-inf"))
+            cm = tl.load(part_ml + crow * 2, mask=cs < used, other=float("-inf"))
             cw = tl.where(cm == float("-inf"), 0.0, tl.exp(cm - m))
-            o = tl.load(part_o + crow[:, None] * D + offs_d[None, :], mask=(cs < NSPLIT)[:, None], other=0.0)
+            o = tl.load(part_o + crow[:, None] * D + offs_d[None, :], mask=(cs < used)[:, None], other=0.0)
             acc += tl.sum(o * cw[:, None], axis=0)
         tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
     block_trace.record(trace_ptr, t0, t1, TRACE)
@@ -324,14 +377,16 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
         block_r, blocks = FRESH_ROWS, triton.cdiv(t * g, FRESH_ROWS)
     elif fresh is not None and block_r > FRESH_ROWS:
         tuning.setdefault("num_warps", FRESH_WARPS)
-    # A few query rows: about PROGRAMS programs over the window (it alone must fill the GPU), splits of at least
+    # A few query rows: about PROGRAMS programs over the keys (they alone must fill the GPU), splits of at least
     # BLOCK_S keys; counted with their row blocks. Spans: about SPAN_PROGRAMS, splits of at least SPAN_MIN_SPLIT
-    # keys. Both at most SPLIT.
+    # keys. Both at most SPLIT up to GRID_KEYS. The programs cut the current length themselves (_split_size); what
+    # is fixed at launch (pipelining, early launches) follows the split of the window's full length.
     few = block_r <= 16
     least, programs = (BLOCK_S, PROGRAMS) if few else (SPAN_MIN_SPLIT, SPAN_PROGRAMS)
-    split = min(SPLIT, max(least, triton.next_power_of_2(triton.cdiv(s * kv * blocks, programs))))
     block_s = SPAN_BLOCK_S if not few and block_r <= 32 and fresh is None else BLOCK_S
-    nsplit = triton.cdiv(s, split)
+    nsplit = grid_splits(s, least, programs, kv * blocks)
+    split = split_size(s, least, programs, kv * blocks, nsplit)
+    sizing = dict(LEAST=least, CAP=SPLIT, PROGRAMS=programs, KVB=kv * blocks, BLOCK_T=triton.next_power_of_2(t))
     tuning = {**tuning, **_split_tuning(split, block_r)}
     rows = block_r * blocks
     part_o = torch.empty((kv, nsplit, rows, d), dtype=torch.float32, device=q.device)
@@ -354,16 +409,16 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                         kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
-                        sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=block_s, SPLIT=split,
-                        FRESH=fresh is not None, BLOCK_T=triton.next_power_of_2(t), ROWS=rows, EARLY=early,
+                        sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=block_s, **sizing,
+                        FRESH=fresh is not None, ROWS=rows, EARLY=early,
                         warm_ptr=warm[0] if warm else k, warm_bytes=warm[1] if warm else 0, WARM=warm is not None,
                         WARM_STEPS=warm_steps, WARM_THREADS=threads,
                         **block_trace.args("split", grid, q),
                         **launch_options(q.device, launch_early, trigger=chain), **tuning)
     dsplit, chunk = merge_shape(nsplit, d)
     grid = (kv, t * g, dsplit)
-    _merge_kernel[grid](part_o, part_ml, out, t, nsplit, out.stride(0), G=g, D=d, DB=d // dsplit,
-                        BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk,
+    _merge_kernel[grid](part_o, part_ml, out, limit, limit.stride(0), t, nsplit, out.stride(0), G=g, D=d,
+                        DB=d // dsplit, BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk, **sizing,
                         num_warps=MERGE_WARPS,
                         **block_trace.args("merge", grid, q),
                         **launch_options(q.device, launch_early or chain, trigger=True))

@@ -1,12 +1,13 @@
 """CUDA-graph replay of the target's forwards: decode steps, verify spans, and prefills padded to a size bucket.
 
-A graph is captured once per (rows, attention window, capture, all_logits) and
-replayed at any position: the token ids and the rows' positions are copied into
-static device buffers (one copy from pinned memory, no kernel), attention reads a
-fixed window of the cache under a mask built from the positions on the device.
-Windows are power-of-two buckets, so a graph is reused for thousands of positions
-and attention reads little beyond the committed length. On CPU (or with `graphs=False`) the same static forward runs
-eagerly: that is how its correctness is tested without a GPU.
+A graph is captured once per (rows, capture, all_logits) and replayed at any
+position: the token ids and the rows' positions are copied into static device
+buffers (one copy from pinned memory, no kernel), attention reads the whole cache
+under a mask built from the positions on the device, and its kernels size their
+work from the current length in device memory (kernels/attention.py), so one
+graph serves the whole context and a generation never meets a new shape. On CPU
+(or with `graphs=False`) the same static forward runs eagerly: that is how its
+correctness is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import torch
 from ..layers import ops
 from ..kernels import carveout
 
-MIN_WINDOW = 256
 MAX_ROWS = 32  # the most rows of a step (decode, verify, draft); longer spans are prefills
 # Prompts of up to this many rows are prefilled from graphs too, padded to a size bucket (`prefill_rows`): queueing
 # a 2048-token prompt's eager forward took the host about as long as the device took to run it.
@@ -32,8 +32,8 @@ PREFILL_GRAPHS = 4
 class Totals:
     """Process-wide counts over every Graphs object (target and drafters): bench reads the
     difference across its timed runs. `shapes` counts first uses of a key on any static path
-    (on the graphs path each one is a capture; a prefill key counts twice: its first use runs
-    uncaptured, its second is captured), so CPU tests can check warm-up coverage."""
+    (on the graphs path each one is a capture; uncaptured prefills do not count), so CPU tests can check warm-up
+    coverage."""
 
     shapes = 0
     captures = 0
@@ -121,10 +121,9 @@ def padded_prefill(ids, start: int, rows: int) -> tuple[list[int], list[int]]:
 
 
 def window_for(end: int, max_len: int) -> int:
-    w = MIN_WINDOW
-    while w < end:
-        w *= 2
-    return min(w, max_len)
+    """The cache rows a step's attention is handed: all of them, whatever the step's end (the kernels read only up
+    to the current length), so a step's graph does not depend on where in the context it runs."""
+    return max_len
 
 
 @dataclass(frozen=True, eq=False)  # a handle: equal only to itself
@@ -164,12 +163,11 @@ class Graphs:
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_s = 0.0  # total time spent capturing (reported by bench)
         self.captures = 0
-        # Prefill sizes (keys of more than MAX_ROWS rows) run eagerly on their first use and are captured on
-        # their second: a chat's prompts vary, and a capture costs about two forwards. The bench, which warms
-        # each prompt once, captures them at once (prefill_capture_at_first_use).
-        self.prefill_capture_at_first_use = False
+        # Prefills of more than MAX_ROWS rows run eagerly: a capture costs about two forwards and a prompt's size
+        # rarely comes back in a chat, while a graph saves a 2048-token prompt 6 ms (docs/TUNING.md). The bench,
+        # which runs each prompt again and again, captures them (capture_prefills).
+        self.capture_prefills = False
         self.prefill_graphs = PREFILL_GRAPHS  # how many prefill graphs are kept
-        self._prefills_seen: set = set()
 
     def __call__(self, ids, start: int, *extra, end: int | None = None, positions=None):
         """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device) at
@@ -192,12 +190,10 @@ class Graphs:
             pos = list(range(start, start + n)) if positions is None else list(positions)
             # Ids and positions in one pinned host tensor, so one copy stages a replay's inputs.
             src = host_ids((list(ids) if on_host else []) + pos, self.device)
-        if n > MAX_ROWS:  # a prefill: uncaptured on a size's first use, and at most prefill_graphs kept
+        if n > MAX_ROWS:  # a prefill: uncaptured unless capture_prefills, and at most prefill_graphs kept
             if step is not None:
                 self.steps[key] = self.steps.pop(key)  # most recently used last; its inputs are staged below
-            elif not self.prefill_capture_at_first_use and key not in self._prefills_seen:
-                self._prefills_seen.add(key)
-                Totals.shapes += 1
+            elif not self.capture_prefills:
                 inputs = src.to(self.device, non_blocking=True)
                 ids = inputs[:n] if on_host else ids
                 return self.fn(ids, inputs[n:] if on_host else inputs, *key[1:])
