@@ -8,8 +8,10 @@ text is near empty and only the speed is measured), then, per mode (none / dflas
 `dflash bench` on the same prompt, and prints: command start to first token, TTFT after load, decode tok/s, CUDA
 graph captures during the generation, bench tok/s and the ratio. Random drafters: τ about 1.
 
+Then a scripted 5-turn `dflash chat` (200 tokens a turn) per mode and temperature: decode tok/s and TTFT by turn.
+
 Env: ROOT (checkpoint folder, default /tmp/product), MAX_TOKENS (512), MODES (none,dflash,eagle3), TEMPS (0,0.6),
-PROMPT_TOKENS (short prompt: 0; else a prompt of about that many tokens).
+PROMPT_TOKENS (short prompt: 0; else a prompt of about that many tokens), CHAT (1: the chat table too).
 Run: PYTHONUNBUFFERED=1 python benchmarks/product_path.py
 """
 
@@ -84,6 +86,7 @@ def draft(mode: str) -> str:
 def generate(mode: str, temp: float, prompt_file: Path) -> dict:
     cmd = [sys.executable, "-m", "dflash_cli", "generate", "--model", str(ROOT / "target"), "--draft", draft(mode),
            "--prompt-file", str(prompt_file), "--max-tokens", str(MAX_TOKENS), "--seed", "0", "--json",
+           "--no-repeat-guard",
            *sampling(temp)]
     t0 = time.time()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -93,7 +96,24 @@ def generate(mode: str, temp: float, prompt_file: Path) -> dict:
     stats = json.loads(out.stdout.splitlines()[-1])["stats"]
     return {"start_to_first_s": stats["first_token_unix_s"] - t0, "ttft_s": stats["ttft_s"],
             "tok_s": stats["decode_tok_per_s"], "captures": stats["graph_captures"], "wall_s": wall,
-            "tau": stats["tau_tokens_per_step"]}
+            "tau": stats["tau_tokens_per_step"], "load_captures": stats["graph_captures_at_load"],
+            "load_capture_s": stats["graph_capture_at_load_s"]}
+
+
+def chat(mode: str, temp: float, turns: int = 5, tokens: int = 200) -> list[tuple[float, float]]:
+    """A scripted `dflash chat` of `turns` messages (stdin, not a terminal), each followed by /stats: (decode tok/s,
+    TTFT ms) by turn, read from /stats."""
+    script = "".join(f"message {i}: {prompt()}\n/stats\n" for i in range(turns))
+    cmd = [sys.executable, "-m", "dflash_cli", "chat", "--model", str(ROOT / "target"), "--draft", draft(mode),
+           "--max-tokens", str(tokens), "--seed", "0", "--no-repeat-guard", *sampling(temp)]
+    out = subprocess.run(cmd, cwd=REPO, input=script, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    speeds = [float(line.split(" tok/s")[0].split("·")[-1]) for line in text.splitlines() if "last answer:" in line]
+    ttfts = [float(line.split("first token ")[1].split(" ms")[0]) for line in text.splitlines()
+             if "first token " in line and " ms" in line]
+    if out.returncode != 0 or len(speeds) != turns:
+        print(f"  chat {mode} T={temp}: rc {out.returncode}, {text.strip().splitlines()[-3:]}")
+    return list(zip(speeds, ttfts))
 
 
 def bench(mode: str, temp: float, prompts: Path) -> float | None:
@@ -127,16 +147,27 @@ def main() -> None:
             b = bench(mode, temp, prompts)
             rows.append((mode, temp, g, b))
             print(f"  {mode} T={temp}: generate {g}  bench {b}")
-    print(f"\n| mode | T | start→first token s | TTFT after load ms | generate tok/s | captures during | "
-          f"bench tok/s | generate / bench |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\n| mode | T | start→first token s | captures at load (s) | TTFT after load ms | generate tok/s | "
+          f"captures during | bench tok/s | generate / bench |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for mode, temp, g, b in rows:
         if "error" in g:
-            print(f"| {mode} | {temp} | error: {g['error']} | | | | | |")
+            print(f"| {mode} | {temp} | error: {g['error']} | | | | | | |")
             continue
         ratio = f"{g['tok_s'] / b:.2f}" if b else "—"
-        print(f"| {mode} | {temp} | {g['start_to_first_s']:.2f} | {1000 * g['ttft_s']:.0f} | {g['tok_s']:.1f} | "
-              f"{g['captures']} | {b or '—'} | {ratio} |")
+        print(f"| {mode} | {temp} | {g['start_to_first_s']:.2f} | {g['load_captures']} ({g['load_capture_s']:.2f}) | "
+              f"{1000 * g['ttft_s']:.0f} | {g['tok_s']:.1f} | {g['captures']} | {b or '—'} | {ratio} |")
+
+    if os.environ.get("CHAT", "1") == "1":
+        print("\n| chat: mode | T | decode tok/s by turn | TTFT ms by turn | slowest / fastest turn |")
+        print("|---|---|---|---|---|")
+        for temp in TEMPS:
+            for mode in MODES:
+                turns = chat(mode, temp)
+                speeds = [v for v, _ in turns]
+                spread = f"{min(speeds) / max(speeds):.3f}" if speeds and max(speeds) > 0 else "—"
+                print(f"| {mode} | {temp} | {', '.join(f'{v:.1f}' for v in speeds)} | "
+                      f"{', '.join(f'{t:.0f}' for _, t in turns)} | {spread} |")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import LEGEND, StreamView
-from .common import RepetitionGuard, check_draft_len, finish_reason, set_threads, tee
+from .common import RepetitionGuard, capture_graphs, check_draft_len, finish_reason, set_threads, tee
 
 __all__ = ["ChatOptions", "ChatRepl", "run_chat"]
 
@@ -70,6 +70,7 @@ class ChatRepl:
         self.decoder = make_decoder(self.bundle, o.draft, o.draft_len)
         check_draft_len(self.decoder, o.draft_len)
         self.session = Session(self.bundle.load_model(), context)
+        capture_graphs(self.session, self.decoder, self.params, switchable=True)
         self.conv = Conversation(self.bundle.tokenizer, system=o.system, think=o.think)
         self.results: list[Result] = []
         self.reasons: list[str] = []
@@ -209,6 +210,7 @@ class ChatRepl:
                 check_draft_len(decoder, draft_len)
                 self.decoder, self.draft, self.draft_len = decoder, draft, draft_len
                 self.session.reset()  # a new drafter has not seen the conversation: re-prefill it next turn
+                capture_graphs(self.session, decoder, self.params, switchable=True)
             else:
                 self.say(f"unknown setting {name}: temperature, top_p, top_k, max_tokens, draft, draft_len", "red")
                 return
@@ -315,7 +317,9 @@ class ChatRepl:
                  f"τ {last['mean_accepted']:.2f} · finish {self.reasons[-1]}", "")
         self.say(f"  first token {last['ttft_s'] * 1000:.0f} ms · {last['steps']} steps · draft {last['draft_s']:.3f} s · "
                  f"verify {last['verify_s']:.3f} s", "")
-        self.say(f"session: {total_tokens} tokens in {len(self.results)} answers", "")
+        captures = sum(r.graph_captures for r in self.results)
+        self.say(f"session: {total_tokens} tokens in {len(self.results)} answers · {captures} graph captures after "
+                 f"load", "")
 
 
 @contextlib.contextmanager

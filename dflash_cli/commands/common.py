@@ -153,3 +153,11 @@ def tee(*fns):
     fns = [f for f in fns if f]
     return lambda step: [f(step) for f in fns]
 
+
+
+
+def capture_graphs(session, decoder, params, switchable: bool = False) -> None:
+    """runtime/warmup.prepare, its first-run notice on stderr (stdout may be JSON)."""
+    from ..runtime.warmup import prepare
+
+    prepare(session, decoder, params, switchable, notice=lambda text: print(text, file=sys.stderr, flush=True))

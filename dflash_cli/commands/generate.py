@@ -16,7 +16,8 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView, footer_lines, json_stats
-from .common import RepetitionGuard, check_draft_len, check_writable, finish_reason, read_prompt, set_threads, tee
+from .common import (RepetitionGuard, capture_graphs, check_draft_len, check_writable, finish_reason, read_prompt,
+                     set_threads, tee)
 
 __all__ = ["GenerateOptions", "run_generate"]
 
@@ -61,6 +62,7 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         # A little room past max_tokens so the last speculative steps keep their full block (--context: no more).
         max_len = min(context, len(ids) + o.max_tokens + 32) if o.context is None else context
         session = Session(bundle.load_model(), max_len=max_len)
+        capture_graphs(session, decoder, params)
         req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
         on_step = tee(guard.on_step, _tracer(trace))
         if o.json:
@@ -77,6 +79,7 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         console.print("[stopped: the answer was repeating itself; --no-repeat-guard to allow it]", style="dim",
                       markup=False, highlight=False)
     stats = json_stats(result.stats())
+    stats["graph_captures_at_load"], stats["graph_capture_at_load_s"] = session.prepared[0], round(session.prepared[1], 3)
     if o.json:
         visible = [t for t in result.tokens if t not in set(tok.stop_ids)]
         print(json.dumps({

@@ -104,6 +104,7 @@ class Session:
             cuda = model.device.type == "cuda" and tuning.KNOBS.graphs
             path = "graphs" if cuda else "eager"
         self.path = path
+        self.prepared = (0, 0.0)  # graphs captured at load and the seconds it took (runtime/warmup.py)
         self.fast = None
         if path in ("graphs", "static"):
             from .graphs import target_graphs

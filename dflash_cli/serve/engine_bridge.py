@@ -8,6 +8,7 @@ with them prefills only its new part; one that shares a shorter prefix rolls the
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -16,6 +17,7 @@ from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, generate
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import Session
+from ..runtime.warmup import prepare
 from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
@@ -66,6 +68,8 @@ class Engine:
         self.tokenizer = self.bundle.tokenizer
         self.decoder = make_decoder(self.bundle, draft, draft_len)
         self.session = Session(self.bundle.load_model(), context)
+        prepare(self.session, self.decoder, self.bundle.sampling(None, None, None, None), switchable=True,
+                notice=lambda text: print(text, file=sys.stderr, flush=True))
         self.history: list[int] = []  # the tokens the session holds: committed ones, then pending
 
     @property
