@@ -370,8 +370,9 @@ def test_speculative_sampling_matches_the_target_distribution(models, config):
         assert len(first.draft) == min(draft_len, 16 - len(PROMPT) - 1)
         accepted += min(first.accepted, 2)  # the drafts that reach the two tokens kept
         drafted += min(len(first.draft), 2)
-    # Drafts are accepted and rejected: both branches of the rejection sampler are exercised.
-    assert 0.05 < accepted / drafted < 0.95, accepted / drafted
+    # Drafts are accepted and rejected: both branches of the rejection sampler are exercised (dflash-topk-topp-k2
+    # accepts about 4.5% of its first two drafts, old sampler and new alike: 0.041 and 0.055 over 400 seeds).
+    assert 0.02 < accepted / drafted < 0.95, accepted / drafted
     assert_fits(counts.sum(-1), joint.sum(-1), f"{config}: tokens 1-2")
     assert_fits(counts, joint, f"{config}: tokens 1-3")
     # The speculative step's two tokens: the second given the first, pooled over the first.
