@@ -51,10 +51,10 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from dflash_cli.layers import ops
 from dflash_cli.runtime.generation import Request, generate
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+from dflash_cli.runtime import sampling
 from dflash_cli.runtime.sampling import SamplingParams, probabilities
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
@@ -68,10 +68,11 @@ from dflash_cli.training.evaluate import EVAL_PROMPT, held_out_prompts
 DEMO_STDLIB = "python3.12"  # the root name of the demo's training data (training_info.json: data.roots)
 
 
-def _onehot(drafts: torch.Tensor, vocab: int) -> torch.Tensor:
-    """q for drafts that are certain: accept_sampled then accepts with probability p(draft) and, at a rejection,
-    draws from p with the draft removed (max(p - onehot, 0) normalised)."""
-    return torch.nn.functional.one_hot(drafts, vocab).float()
+def _onehot(drafts: torch.Tensor, vocab: int, params: SamplingParams):
+    """(drafts, q) for drafts that are certain, q written where the verify's acceptance reads it: that then accepts
+    with probability p(draft) and, at a rejection, draws from p with the draft removed (max(p - onehot, 0))."""
+    rows = sampling.Filtered(drafts.view(-1, 1), torch.ones(drafts.shape[0], 1, device=drafts.device))
+    return drafts, sampling.sampler(drafts.device).write_q(sampling.mode(params), vocab, rows)
 
 
 # The sampled way is the engine's own; the argmax way is defined here, so that the comparison stays runnable.
@@ -83,13 +84,16 @@ SampledDFlash = DFlashProposer  # what the engine ships: each block position dra
 class ArgmaxDFlash(DFlashProposer):
     """The block's argmax; q one-hot."""
 
-    @staticmethod
-    def _drafts(logits, params, gen):
-        drafts = ops.argmax_rows(logits)
-        return drafts, _onehot(drafts, logits.shape[-1])
+    def propose(self, last, k, params, gen):
+        return _onehot(DFlashProposer.propose(self, last, k, SamplingParams(), gen)[0], self.model.cfg.vocab_size,
+                       params)
+
+    def propose_ahead(self, hidden, ids, start, accepted, bonus, k, params, gen):
+        drafts = DFlashProposer.propose_ahead(self, hidden, ids, start, accepted, bonus, k, SamplingParams(), gen)[0]
+        return _onehot(drafts, self.model.cfg.vocab_size, params)
 
 
-SampledEagle3 = Eagle3Proposer  # what the engine ships: the eager chain that samples each position
+SampledEagle3 = Eagle3Proposer  # what the engine ships: the chain that samples each position (one graph)
 
 
 class ArgmaxEagle3(Eagle3Proposer):
@@ -99,12 +103,11 @@ class ArgmaxEagle3(Eagle3Proposer):
         return self.fast is not None
 
     def propose(self, last, k, params, gen):
-        drafts = self.greedy_chain(last, k)
-        return drafts, _onehot(drafts, self.model.c.vocab)
+        return _onehot(self.greedy_chain(last, k), self.model.c.vocab, params)
 
     def propose_ahead(self, hidden, ids, start, accepted, bonus, k, params, gen):
-        drafts = Eagle3Proposer.propose_ahead(self, hidden, ids, start, accepted, bonus, k, params, gen)[0]
-        return drafts, _onehot(drafts, self.model.c.vocab)
+        drafts = Eagle3Proposer.propose_ahead(self, hidden, ids, start, accepted, bonus, k, SamplingParams(), gen)[0]
+        return _onehot(drafts, self.model.c.vocab, params)
 
 
 WAYS = {("dflash", "argmax"): ArgmaxDFlash, ("dflash", "sampled"): SampledDFlash,
@@ -121,9 +124,10 @@ class Probe(SpeculativeDecoder):
         self.first = []  # (sampled, argmax) per step
 
     def accept(self, ids, q, out, params, gen):
-        if self.record and q.shape[0]:
+        if self.record and q.ids.shape[0]:
             p = probabilities(out.logits[:1], params)[0]
-            self.first.append((float(torch.minimum(p, q[0]).sum()), float(p[q[0].argmax()])))
+            q0 = q[:1].dense(p.shape[-1])[0]
+            self.first.append((float(torch.minimum(p, q0).sum()), float(p[q0.argmax()])))
         return super().accept(ids, q, out, params, gen)
 
 

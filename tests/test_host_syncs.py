@@ -110,8 +110,11 @@ def test_the_forced_acceptance_of_the_synthetic_bench_reads_once(monkeypatch, mo
     assert {s.accepted for s in res.steps} <= {1, 2}  # the forced counts (tau 2.5: one or two drafts)
 
 
-def test_a_plain_step_reads_its_token_once(monkeypatch, models):
-    res, steps = run_counted(monkeypatch, models, PlainDecoder(), SamplingParams(), "static")
+@pytest.mark.parametrize("queue_ahead", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_plain_step_reads_its_token_once(monkeypatch, models, temperature, queue_ahead):
+    params = SamplingParams(temperature=temperature, top_k=20 * int(queue_ahead), seed=1)
+    res, steps = run_counted(monkeypatch, models, PlainDecoder(queue_ahead), params, "static")
     assert steps == [["tolist"]] * len(steps)
     assert all(s.draft_s == 0 and s.verify_s > 0 for s in res.steps)
 

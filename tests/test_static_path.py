@@ -256,9 +256,8 @@ def test_queued_proposals_change_no_draft(models, kind, draft_len):
             runs.append((first.tokens, first.finish_reason, first.context_full, s.length, s.pending,
                          [(st.draft, st.accepted) for st in first.steps], more and more.tokens,
                          more and [(st.draft, st.accepted) for st in more.steps]))
-            if params.greedy or kind == "dflash":
-                proposals[i] += len(calls)
-                steps[i] += len(first.steps) + (len(more.steps) if more else 0)
+            proposals[i] += len(calls)
+            steps[i] += len(first.steps) + (len(more.steps) if more else 0)
         assert runs[0] == runs[1]
     # Eager: every proposal made after the read; static: all but the first of each generation and those
     # near its end (short second turns: never) were queued.
@@ -346,22 +345,29 @@ def test_norms_inside_the_products_compute_the_kernel_path(tmp_path, monkeypatch
     assert len(calls) == (0 if mlp_fused else 2) * len(model.layers)
 
 
-@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])
 def test_a_second_generation_meets_no_new_graph_shape(models, kind):
     """Every step keeps its shapes: short prompts share one padded prefill, a block keeps its size near max_tokens,
-    and a step's absorb takes all its verified rows; so once a session's shapes are built (same windows), another
-    generation with another prompt length and budget builds none, greedy or sampled."""
+    and a step's absorb takes all its verified rows; so once a session's shapes are built (same windows) by one
+    greedy and one sampled generation (a load-time warm-up), another generation with another prompt length and
+    budget builds none, greedy or sampled, whatever its temperature, top-p and top-k of the warmed sampling mode
+    (they live in device tensors), queued proposals included."""
     target, dflash, eagle = models
-    proposer = DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle)
-    decoder = SpeculativeDecoder(proposer, 4 if kind == "eagle3" else None)
+    if kind == "none":
+        decoder = PlainDecoder(queue_ahead=True)
+    else:
+        proposer = DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle)
+        decoder = SpeculativeDecoder(proposer, 4 if kind == "eagle3" else None)
     session = Session(target, 200, path="static")
-    for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=1)):
+    for params in (SamplingParams(), SamplingParams(temperature=0.6, top_p=0.95, top_k=20, seed=1)):
         generate(session, decoder, Request(list(range(5, 14)), params, 60))
         session.reset()
     before = graphs.Totals.shapes
-    for prompt, budget in (([7, 8, 9, 10], 37), (list(range(20, 45)), 23), ([3, 4], 51)):
-        for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=2)):
-            generate(session, decoder, Request(prompt, params, budget))
+    others = (SamplingParams(temperature=0.8, top_k=20, seed=2), SamplingParams(temperature=1.4, top_p=0.5, top_k=64),
+              SamplingParams(temperature=0.2, top_p=0.9, top_k=1, seed=3))
+    for (prompt, budget), params in zip((([7, 8, 9, 10], 37), (list(range(20, 45)), 23), ([3, 4], 51)), others):
+        for p in (SamplingParams(), params):
+            generate(session, decoder, Request(prompt, p, budget))
             session.reset()
     assert graphs.Totals.shapes == before
 

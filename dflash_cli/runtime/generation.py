@@ -15,7 +15,7 @@ import torch
 
 from .. import tuning
 from ..errors import DflashError
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, accept_mode, begin, sample
 from .graphs import Fed, Totals
 from .session import Session, elapsed, mark, now, read_later
 
@@ -97,13 +97,12 @@ class PlainDecoder:
 
     @staticmethod
     def _next(session: Session, ids, params: SamplingParams, gen) -> tuple[torch.Tensor, bool, Fed | None]:
-        """The token after a one-row forward of `ids`, on the device (greedy: the argmax inside the step's graph),
-        whether it stays where it is until read (a graph's own output does not: its next replay overwrites it), and
-        its handle where the graph fed it on to the next step (Session.fed_token): forwarding that continues it."""
+        """The token after a one-row forward of `ids`, on the device (greedy or sampled: the verdict inside the step's
+        graph), whether it stays where it is until read (a graph's own output does not: its next replay overwrites
+        it), and its handle where the graph fed it on to the next step (Session.fed_token): forwarding that continues
+        it."""
         at = session.length
-        out = session.forward(ids, accept=params.greedy)
-        if out.verdict is None:
-            return sample(out.logits[-1], params, gen), True, None
+        out = session.forward(ids, accept=accept_mode(params))
         fed = session.fed_token(at)
         return (fed.token, True, fed) if fed is not None else (out.verdict[1], False, None)
 
@@ -175,7 +174,7 @@ def generate(
         raise DflashError("the prompt is empty")  # nothing to condition the first token on
     check_fits(session, len(req.prompt_ids), req.max_tokens)
     stops = set(req.stop_ids)
-    gen = None if req.params.greedy else req.params.generator(session.device)
+    gen = begin(req.params, session.device)  # the params on the device, the RNG seeded; None when greedy
     tokens: list[int] = []
     steps: list[Step] = []
     old_pending = session.pending

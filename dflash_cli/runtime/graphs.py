@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..layers import ops
+from . import sampling
 from ..kernels import carveout
 
 MAX_ROWS = 32  # the most rows of a step (decode, verify, draft); longer spans are prefills
@@ -309,23 +310,28 @@ class Graphs:
         return step
 
 
-def with_verdict(out, ids: torch.Tensor, accept: bool, feed=None):
-    """The forward's output with the greedy verdict on its rows where asked (`accept`; feed: ops.greedy_verdict's)."""
-    if accept:
+def with_verdict(out, ids: torch.Tensor, accept, feed=None):
+    """The forward's output with the verdict on its rows where asked: accept True, the greedy one
+    (ops.greedy_verdict); a sampled mode (sampling.mode), rejection sampling of the drafts against the q rows the
+    drafter left in the sampler's buffer (sampling.verdict). feed: ops.greedy_verdict's."""
+    if accept is True:
         out.verdict = ops.greedy_verdict(ids, out.logits, feed)
+    elif accept:
+        out.verdict = sampling.verdict(ids, out.logits, accept, feed)
     return out
 
 
 def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     """Decode steps and verify spans of the target: extra key = (capture, all_logits, accept); with accept the
-    greedy verdict on the rows (ops.greedy_verdict) is part of the graph, and a one-row step feeds its token to
-    its next replay (Graphs.fed_token): a greedy plain step then stages nothing (on the H100 the staging kernel
-    and the token's copy for the host cost a decode step about 6 us)."""
+    verdict on the rows (greedy: ops.greedy_verdict; sampled: sampling.verdict, its params read from device
+    tensors) is part of the graph, and a one-row step feeds its token to its next replay (Graphs.fed_token): a plain
+    step then stages nothing (on the H100 the staging kernel and the token's copy for the host cost a decode step
+    about 6 us)."""
 
     fed = torch.zeros(cache.max_len + 1, dtype=torch.long, device=model.device)
 
     def feeds(key) -> bool:
-        return key[0] == 1 and key[-1]
+        return key[0] == 1 and bool(key[-1])
 
     def fn(ids, positions, window, capture, all_logits, accept=False):
         feed = (positions, fed) if accept and len(ids) == 1 else None

@@ -1,4 +1,11 @@
-"""Turning logits into tokens: greedy, temperature with top-k/top-p, and lossless rejection sampling."""
+"""Turning logits into tokens on the device: greedy, temperature with top-k/top-p, and lossless rejection sampling.
+
+Everything here is shape-static and free of host syncs, so that it runs inside the CUDA graphs of the decode,
+verify and draft steps. The sampling parameters live in small device tensors (`Sampler`), written before each
+generation: one graph serves every temperature, top-p and top-k of its mode (`mode`). Draws use the exponential
+race (argmax(p / Exp(1)) samples p), with noise from the default CUDA generator (graph-safe: each replay advances
+its Philox offset) or, on CPU, from the sampler's own seeded generator.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import DflashError
+
+# Candidates per row where top-k is set: torch.topk to this many, then temperature / top-k / top-p on them (a
+# full-vocabulary sort per row costs a decode step more than the 5% it may). Covers the usual top-k (Qwen3's 20).
+K_MAX = 64
+MAX_ROWS = 32  # rows of a drafter's q buffer (graphs.MAX_ROWS: the most rows of any step)
+NO_LIMIT = 1 << 40  # top_k = 0 on the device
 
 
 @dataclass(frozen=True)
@@ -28,76 +41,212 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self, device) -> torch.Generator:
-        g = torch.Generator(device=device)
-        if self.seed is not None:
-            g.manual_seed(self.seed)
+
+TOP_K = "top-k"  # 1 <= top_k <= K_MAX: the K_MAX largest logits are the candidates
+FULL = "full"  # top_k = 0 or > K_MAX: every token is a candidate (a full sort per row, exact)
+MODES = (TOP_K, FULL)
+
+
+def mode(params: SamplingParams) -> str | None:
+    """The sampled graphs' mode for these params (part of their keys), None when greedy."""
+    if params.greedy:
+        return None
+    return TOP_K if 0 < params.top_k <= K_MAX else FULL
+
+
+def accept_mode(params: SamplingParams):
+    """Session.forward's `accept` for these params: True (the greedy verdict) or the sampled mode."""
+    return True if params.greedy else mode(params)
+
+
+@dataclass(frozen=True)
+class Filtered:
+    """Rows of a filtered distribution over candidate tokens: ids long [R, K], probs float [R, K] (rows sum to 1;
+    zero for candidates that top-k/top-p cut, or padding)."""
+
+    ids: torch.Tensor
+    probs: torch.Tensor
+
+    def __getitem__(self, rows) -> "Filtered":
+        return Filtered(self.ids[rows], self.probs[rows])
+
+    def dense(self, vocab: int) -> torch.Tensor:
+        """The rows as [R, vocab] probabilities."""
+        out = torch.zeros(self.probs.shape[0], vocab, dtype=self.probs.dtype, device=self.probs.device)
+        return out.scatter_add_(1, self.ids, self.probs)
+
+
+class Sampler:
+    """One device's sampling state: the parameters as device tensors (read in place by captured graphs), the RNG,
+    and the buffers through which a drafter's q rows reach the verify's acceptance."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.temperature = torch.ones(1, dtype=torch.float32, device=device)
+        self.top_p = torch.ones(1, dtype=torch.float32, device=device)
+        self.top_k = torch.full((1,), NO_LIMIT, dtype=torch.long, device=device)
+        # CUDA: the default generator (captured graphs draw from it); CPU: our own, seeded per generation.
+        self.gen = None if device.type == "cuda" else torch.Generator(device=device)
+        self._q: dict = {}  # (mode, width) -> (ids, probs) [MAX_ROWS, width]
+
+    def load(self, params: SamplingParams) -> None:
+        """Write a generation's params: kernels with scalar arguments, no copy from the host."""
+        self.temperature.fill_(params.temperature)
+        self.top_p.fill_(params.top_p)
+        self.top_k.fill_(params.top_k or NO_LIMIT)
+
+    def seed(self, seed: int | None) -> None:
+        """Seed the RNG the draws use (None: from fresh entropy); the same seed gives the same draws."""
+        gen = self.gen if self.gen is not None else torch.cuda.default_generators[self.device.index]
+        if seed is not None:
+            gen.manual_seed(seed)
         else:
-            g.seed()
-        return g
+            gen.seed()
+
+    def q(self, mode: str, vocab: int) -> Filtered:
+        """The q buffer of `mode` for a target of `vocab` tokens: the drafter's graph writes its rows, the verify's
+        reads them. Allocated once, so graphs captured at load read it in place."""
+        width = min(K_MAX, vocab) if mode == TOP_K else vocab
+        buf = self._q.get((mode, width))
+        if buf is None:
+            buf = self._q[(mode, width)] = Filtered(
+                torch.zeros(MAX_ROWS, width, dtype=torch.long, device=self.device),
+                torch.zeros(MAX_ROWS, width, dtype=torch.float32, device=self.device))
+        return buf
+
+    def write_q(self, mode: str, vocab: int, rows: Filtered) -> Filtered:
+        """Copy a proposal's q rows into the buffer (zero past their width: a draft vocabulary may be narrower)."""
+        buf = self.q(mode, vocab)
+        n, w = rows.ids.shape
+        buf.ids[:n, :w].copy_(rows.ids)
+        buf.probs[:n, :w].copy_(rows.probs)
+        if w < buf.ids.shape[1]:
+            buf.ids[:n, w:].zero_()
+            buf.probs[:n, w:].zero_()
+        return buf[:n]
+
+
+_samplers: dict = {}
+
+
+def sampler(device) -> Sampler:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    s = _samplers.get(device)
+    if s is None:
+        s = _samplers[device] = Sampler(device)
+    return s
+
+
+def begin(params: SamplingParams, device) -> Sampler | None:
+    """Before a generation: its params on the device and the RNG seeded (None when greedy: nothing to draw)."""
+    if params.greedy:
+        return None
+    s = sampler(device)
+    s.load(params)
+    s.seed(params.seed)
+    return s
+
+
+def filtered(logits: torch.Tensor, mode: str, s: Sampler) -> Filtered:
+    """logits [R, V] -> the distribution sampled from: softmax(logits / T) restricted to the top_k largest, then to
+    the smallest prefix (by probability) whose mass reaches top_p, the first always kept.
+
+    Applied identically to target and drafter rows, which is what makes rejection sampling lossless with respect to
+    this (filtered) target distribution."""
+    if mode == TOP_K:
+        values, ids = torch.topk(logits, min(K_MAX, logits.shape[-1]), dim=-1)  # sorted, largest first
+    else:
+        values, ids = torch.sort(logits, dim=-1, descending=True)
+    rank = torch.arange(values.shape[-1], device=logits.device)
+    scores = (values.float() / s.temperature).masked_fill(rank >= s.top_k, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    drop = (probs.cumsum(-1) - probs) >= s.top_p
+    probs = probs.masked_fill(drop, 0.0)
+    return Filtered(ids, probs / probs.sum(-1, keepdim=True))
+
+
+def race(weights: torch.Tensor, gen) -> torch.Tensor:
+    """One index per row of `weights` ([..., K], >= 0, not necessarily normalised), drawn with probability
+    proportional to its weight: argmax(w / Exp(1)) (the exponential race). A zero weight never wins."""
+    e = torch.empty_like(weights, dtype=torch.float32).exponential_(generator=gen)
+    return (weights / e.clamp_min(torch.finfo(torch.float32).tiny)).argmax(-1)
+
+
+def draw(rows: Filtered, gen) -> torch.Tensor:
+    """One token per row of `rows` -> long [R]."""
+    return rows.ids.gather(-1, race(rows.probs, gen).unsqueeze(-1)).squeeze(-1)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, s: Sampler | None) -> torch.Tensor:
+    """logits [..., V] -> token ids [...] (s: the generation's sampler, from `begin`)."""
+    if params.greedy:
+        return logits.argmax(-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    return draw(filtered(flat, mode(params), s), s.gen).reshape(logits.shape[:-1])
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution actually sampled from: softmax(logits / T) restricted by top-k then top-p.
-
-    Applied identically to target and drafter rows, which is what makes
-    rejection sampling lossless with respect to this (filtered) target distribution.
-    """
-    scores = logits.float() / params.temperature
-    vocab = scores.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    """The distribution actually sampled from, as dense [..., V] probabilities (for tests and measurements)."""
+    s = Sampler(logits.device)
+    s.load(params)
+    flat = logits.reshape(-1, logits.shape[-1])
+    return filtered(flat, mode(params), s).dense(flat.shape[-1]).reshape(logits.shape)
 
 
-def draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """One sample per row of `probs` ([..., V]) -> [...]."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=gen).reshape(probs.shape[:-1])
+def _at(rows: Filtered, tokens: torch.Tensor) -> torch.Tensor:
+    """Each row's probability of its token ([R] -> [R])."""
+    return ((rows.ids == tokens.unsqueeze(-1)) * rows.probs).sum(-1)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> torch.Tensor:
-    """logits [..., V] -> token ids [...]."""
-    if params.greedy:
-        return logits.argmax(-1)
-    return draw(probabilities(logits, params), gen)
+def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative rejection sampling (Leviathan et al. / Chen et al.) on the device.
 
-
-def accept_sampled(
-    drafts: torch.Tensor,
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    gen: torch.Generator,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Speculative rejection sampling (Leviathan et al. / Chen et al.).
-
-    drafts [k] were drawn from draft_probs [k, V]; target_probs is [k+1, V].
-    Accept draft i with probability min(1, p/q); at the first rejection draw from
-    normalised max(p - q, 0); if all are accepted draw the bonus from the last row.
-    Returns (accepted count, the next token) as device scalars, without a host sync.
-    """
+    drafts [k] were drawn from q's rows [k]; p holds the target's rows [k+1] (ids < vocab; they may differ row to
+    row, and from q's). Accept draft i with probability min(1, p/q); at the first rejection draw from normalised max(p - q, 0);
+    if all are accepted draw the bonus from p's last row. Returns (accepted count, the next token) as device
+    scalars; the same noise is drawn whatever is accepted, so the RNG advances alike."""
     k = drafts.shape[0]
-    idx = torch.arange(k, device=drafts.device)
-    p = target_probs[idx, drafts]
-    q = draft_probs[idx, drafts]
-    u = torch.rand(k, generator=gen, device=drafts.device)
-    ok = (u * q < p).to(torch.int64)  # u < p/q without dividing by a zero q
-    n = ok.cumprod(0).sum()
     if k == 0:
-        return n, draw(target_probs[0], gen)
-    # The bonus row is chosen on the device; one draw either way, so the generator advances alike.
+        return torch.zeros((), dtype=torch.long, device=drafts.device), draw(p[:1], gen)[0]
+    pd, qd = _at(p[:k], drafts), _at(q[:k], drafts)
+    u = torch.rand(k, generator=gen, device=drafts.device)
+    n = (u * qd < pd).to(torch.int64).cumprod(0).sum()  # u < p/q without dividing by a zero q
+    # p's row n minus q's row n (q counts as zero there when every draft passed), on p's candidates.
+    row = n.view(1)
+    p_ids, p_probs = p.ids.index_select(0, row)[0], p.probs.index_select(0, row)[0]
     at = n.clamp(max=k - 1).view(1)
-    target_row = target_probs.index_select(0, at)[0]
-    residual = (target_row - draft_probs.index_select(0, at)[0]).clamp_min(0)
-    total = residual.sum()
-    dist = torch.where(total > 0, residual / total, target_row)
-    return n, draw(torch.where(n == k, target_probs[k], dist), gen)
+    q_row = torch.zeros(vocab, dtype=q.probs.dtype, device=q.probs.device)
+    q_row.scatter_add_(0, q.ids.index_select(0, at)[0], q.probs.index_select(0, at)[0])
+    q_on_p = q_row.gather(0, p_ids) * (n < k)
+    residual = (p_probs - q_on_p).clamp_min(0)
+    weights = torch.where(residual.sum() > 0, residual, p_probs)
+    return n, p_ids[race(weights, gen)]
+
+
+def verdict(ids: torch.Tensor, logits: torch.Tensor, mode: str, feed=None) -> torch.Tensor:
+    """The sampled counterpart of ops.greedy_verdict: ids [k+1] = [last, drafts...] and their logits [k+1, V] ->
+    long [2 + k] = [accepted drafts, the next token, drafts...], the drafts' q rows read from the sampler's buffer
+    (written by the drafter's step). feed as greedy_verdict's (one row): the token also becomes the row's next
+    input and is recorded at fed[position + 1]."""
+    s = sampler(ids.device)
+    k = ids.shape[0] - 1
+    vocab = logits.shape[-1]
+    p = filtered(logits, mode, s)
+    n, tok = accept(ids[1:], s.q(mode, vocab)[:k], p, vocab, s.gen)
+    out = torch.cat([n.view(1), tok.view(1), ids[1:]])
+    if feed is not None:
+        positions, fed = feed
+        fed.index_copy_(0, positions + 1, out[1:2])
+        ids.copy_(out[1:2])
+        positions.add_(1)
+    return out
+
+
+def accept_sampled(drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, gen):
+    """accept() on dense rows: drafts [k] drawn from draft_probs [k, V], target_probs [k+1, V]."""
+    def dense(probs):
+        return Filtered(torch.arange(probs.shape[-1], device=probs.device).expand(probs.shape), probs)
+
+    return accept(drafts, dense(draft_probs), dense(target_probs), target_probs.shape[-1], gen)

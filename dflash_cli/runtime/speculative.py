@@ -7,8 +7,9 @@ temperature > 0, rejection sampling keeps the target's distribution.
 
 Drafts, the verify input and the acceptance stay on the device: a step waits for
 it once, to bring back the accepted count, the bonus and the drafts together.
-Where the proposer can (on the graphs path: DFlash, greedy EAGLE-3), the next step's absorb and
-proposal are queued before that wait, so the device goes on while the host reads.
+Where the proposer can (on the graphs path: DFlash, EAGLE-3), the next step's absorb and
+proposal are queued before that wait, so the device goes on while the host reads. Sampled or greedy, the
+acceptance runs inside the verify's graph (sampled: against the q rows the proposal left in the sampler's buffer).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .. import tuning
 from .drafters.base import Drafter
 from .generation import Step
 from .graphs import upload
-from .sampling import SamplingParams, accept_sampled, probabilities
+from .sampling import SamplingParams, accept_mode
 from .session import Session, mark, read_later
 
 
@@ -79,8 +80,8 @@ class SpeculativeDecoder:
             drafts, q = self.proposer.propose(last, k, params, gen) if k else (head[:0], None)
             t1 = mark(dev)
         ids = torch.cat([head, drafts])
-        # Greedy: the acceptance runs inside the verify's graph.
-        out = session.forward(ids, capture=self.proposer.capture, all_logits=True, accept=params.greedy)
+        # The acceptance runs inside the verify's graph (sampled: against the q rows the proposal wrote).
+        out = session.forward(ids, capture=self.proposer.capture, all_logits=True, accept=accept_mode(params))
         verdict = self.accept(ids, q, out, params, gen)
         t2 = mark(dev)
         # The step's one host sync: everything the host needs from the device, in one transfer, queued
@@ -121,12 +122,10 @@ class SpeculativeDecoder:
                        marks=(t0, mark(session.device)))
 
     def accept(self, ids: torch.Tensor, q, out, params: SamplingParams, gen) -> torch.Tensor:
-        """The verdict on the verified rows `ids` = [last, drafts...] from the verify's output (logits
-        [k+1, V]): long [2 + k] = [accepted drafts, the target's next token, drafts...] on the device."""
-        if out.verdict is not None:  # greedy: computed with the forward (`Session.forward`'s accept)
-            return out.verdict
-        n, bonus = accept_sampled(ids[1:], q, probabilities(out.logits, params), gen)
-        return torch.cat([n.view(1), bonus.view(1), ids[1:]])
+        """The verdict on the verified rows `ids` = [last, drafts...] (q: the drafts' rows, a sampling.Filtered, or
+        None when greedy): long [2 + k] = [accepted drafts, the target's next token, drafts...] on the device,
+        computed with the forward (`Session.forward`'s accept)."""
+        return out.verdict
 
     def sync(self, session: Session) -> None:
         self._queued = None

@@ -36,8 +36,9 @@ class Drafter:
         raise NotImplementedError
 
     def propose(self, last: int, k: int, params: SamplingParams, gen) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k >= 1 draft tokens following `last` (at the committed end) as a long device tensor [k], and their [k, V]
-        probabilities when sampling. Nothing may wait for the device here."""
+        """k >= 1 draft tokens following `last` (at the committed end) as a long device tensor [k], and when sampling
+        their q rows (a sampling.Filtered [k]: the sampler's buffer, which the verify's acceptance reads; written
+        inside the proposal's graph). Nothing may wait for the device here."""
         raise NotImplementedError
 
     def rollback(self, length: int) -> None:

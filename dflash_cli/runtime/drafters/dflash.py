@@ -10,7 +10,8 @@ from ...layers.kv_cache import KVCache
 from ...layers.spans import Span, StaticSpan
 from ...models.dflash import DFlashDrafter
 from ..graphs import Graphs, stage_step, upload
-from ..sampling import SamplingParams, draw, probabilities
+from .. import sampling
+from ..sampling import SamplingParams
 from .base import Drafter
 
 
@@ -39,9 +40,10 @@ class DFlashProposer(Drafter):
         use = path == "graphs"
         # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
         if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
-            def draft(ids, positions, window):
+            def draft(ids, positions, window, mode=None):
                 span = StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False)
-                return m.block_logits(ids, span)
+                logits = m.block_logits(ids, span)
+                return logits if mode is None else self._sampled(logits, mode)  # sampled: drafts, q inside
 
             def absorb(hidden, positions, window):
                 span = StaticSpan(self.cache, positions, window, self.cos, self.sin)
@@ -77,7 +79,15 @@ class DFlashProposer(Drafter):
         return self.fast is not None  # the device-position forward (graphs or static path)
 
     def propose(self, last: int, k: int, params: SamplingParams, gen):
-        return self._drafts(self.draft_logits(last, k), params, gen)
+        mode = sampling.mode(params)
+        if mode is None:
+            return ops.argmax_rows(self.draft_logits(last, k)), None
+        block = [last] + [self.model.c.mask_token_id] * k
+        if self.fast is not None:
+            return self._proposal(self.fast(block, self.ctx_len, mode), mode, k)
+        span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
+        drafts = self._sampled(self.model.block_logits(upload(block, self.model.device), span), mode)
+        return self._proposal(drafts, mode, k)
 
     def propose_ahead(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
                       bonus: torch.Tensor, k: int, params: SamplingParams, gen):
@@ -91,8 +101,10 @@ class DFlashProposer(Drafter):
             stage_step(ids, bonus.reshape(1), positions, start + 1, offset=accepted, fill=mask)
 
         # The block's last row lies at most at start + len(hidden) + k: the window is sized for that.
-        logits = self.fast.staged(k + 1, start, block, end=start + hidden.shape[0] + k + 1)
-        return self._drafts(logits, params, gen)
+        mode = sampling.mode(params)
+        extra = () if mode is None else (mode,)
+        out = self.fast.staged(k + 1, start, block, *extra, end=start + hidden.shape[0] + k + 1)
+        return (ops.argmax_rows(out), None) if mode is None else self._proposal(out, mode, k)
 
     def commit(self, length: int) -> None:
         self.ctx_len = length
@@ -105,9 +117,13 @@ class DFlashProposer(Drafter):
         span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
         return self.model.block_logits(upload(block, self.model.device), span)
 
-    @staticmethod
-    def _drafts(logits: torch.Tensor, params: SamplingParams, gen):
-        if params.greedy:
-            return ops.argmax_rows(logits), None
-        q = probabilities(logits, params)
-        return draw(q, gen), q
+    def _sampled(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
+        """Drafts drawn from the block's filtered rows [k, V], their q rows written to the sampler's buffer (where the
+        verify's acceptance reads them): shape-static, inside the draft step's graph."""
+        s = sampling.sampler(logits.device)
+        q = sampling.filtered(logits, mode, s)
+        s.write_q(mode, logits.shape[-1], q)
+        return sampling.draw(q, s.gen)
+
+    def _proposal(self, drafts: torch.Tensor, mode: str, k: int):
+        return drafts, sampling.sampler(drafts.device).q(mode, self.model.cfg.vocab_size)[:k]

@@ -10,7 +10,8 @@ from ...layers.kv_cache import KVCache
 from ...layers.spans import Span, StaticSpan
 from ...models.eagle3 import Eagle3Drafter
 from ..graphs import MAX_ROWS, Graphs, upload, window_for
-from ..sampling import SamplingParams, draw, probabilities
+from .. import sampling
+from ..sampling import SamplingParams
 from .base import Drafter
 
 MAX_CHAIN = 16  # beyond this a chain's later positions are almost never accepted
@@ -46,7 +47,7 @@ class Eagle3Proposer(Drafter):
         use = path == "graphs"
         # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
         if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
-            self.graphs = (Graphs(self._greedy_chain, m.device, self.cache.max_len, use_graphs=use),
+            self.graphs = (Graphs(self._chain, m.device, self.cache.max_len, use_graphs=use),
                            Graphs(self._absorb_rows, m.device, self.cache.max_len, use_graphs=use))
             self.next_ids = torch.zeros(MAX_ROWS, dtype=torch.long, device=m.device)
             self.offsets = torch.arange(MAX_ROWS, device=m.device)
@@ -83,7 +84,7 @@ class Eagle3Proposer(Drafter):
         self._absorb_fast(hidden, start, ids)
 
     def can_queue_ahead(self, params: SamplingParams) -> bool:
-        return self.fast is not None and params.greedy  # the device-position chain, which is greedy
+        return self.fast is not None  # the device-position chain, greedy or sampled
 
     def propose_ahead(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
                       bonus: torch.Tensor, k: int, params: SamplingParams, gen):
@@ -95,27 +96,49 @@ class Eagle3Proposer(Drafter):
         self.absorb_verified(hidden, ids, start)
         # The chain's rows sit at committed-1 ... committed+k-2 (committed = start + accepted + 1).
         positions = self.offsets[:k] + (accepted + start)
-        return self.fast(bonus.view(1), start, k, end=start + m + k, positions=positions), None
+        mode = sampling.mode(params)
+        extra = () if mode is None else (mode,)
+        drafts = self.fast(bonus.view(1), start, k, *extra, end=start + m + k, positions=positions)
+        return drafts, self._q(mode, k)
 
     def commit(self, length: int) -> None:
         self.committed, self.rows = length, length - 1
 
     def propose(self, last: int, k: int, params: SamplingParams, gen):
-        if params.greedy:
+        mode = sampling.mode(params)
+        if mode is None:
             return self.greedy_chain(last, k), None
-        m = self.model
+        if self.fast is not None:  # one replay, as the greedy chain's
+            drafts = self.fast([last], self.committed, k, mode, end=self.committed + k,
+                               positions=range(self.committed - 1, self.committed - 1 + k))
+            return drafts, self._q(mode, k)
         pos, state = self.first_state()
         token, drafts, rows = last, [], []
-        for _ in range(k):
-            logits, state = self.chain_step(pos, state, token)
-            # The draft head covers a subset of the vocabulary: q is zero elsewhere.
-            q = logits.new_zeros(m.c.vocab)
-            q[m.draft_to_target] = probabilities(logits, params)
-            rows.append(q)
-            token = draw(q, gen).view(1)  # stays on the device for the next chained step
+        for i in range(k):
+            logits, state = self.chain_step(pos + i, state, token)
+            token, q = self._draw(logits.view(1, -1), mode)  # stays on the device for the next chained step
             drafts.append(token)
-            pos += 1
-        return torch.cat(drafts), torch.stack(rows)
+            rows.append(q)
+        self._write_q(mode, rows)
+        return torch.cat(drafts), self._q(mode, k)
+
+    def _draw(self, logits: torch.Tensor, mode: str) -> tuple[torch.Tensor, sampling.Filtered]:
+        """A draft (target id [1]) from draft-vocabulary logits [1, Vd], and its q row over target ids."""
+        m = self.model
+        s = sampling.sampler(logits.device)
+        q = sampling.filtered(logits, mode, s)  # the draft head covers a subset of the vocabulary: q is 0 elsewhere
+        q = sampling.Filtered(m.draft_to_target[q.ids], q.probs)
+        return sampling.draw(q, s.gen), q
+
+    def _write_q(self, mode: str, rows: list) -> None:
+        q = sampling.Filtered(torch.cat([r.ids for r in rows]), torch.cat([r.probs for r in rows]))
+        sampling.sampler(q.ids.device).write_q(mode, self.model.c.vocab, q)
+
+    def _q(self, mode: str | None, k: int):
+        """The q rows of the last sampled chain (None when greedy)."""
+        if mode is None:
+            return None
+        return sampling.sampler(self.model.device).q(mode, self.model.c.vocab)[:k]
 
     def _absorb_fast(self, hidden: torch.Tensor, start: int, ids: torch.Tensor) -> None:
         """absorb's graph replay (start >= 1): the rows' tokens `ids` staged in next_ids, then `_absorb_rows`."""
@@ -160,6 +183,26 @@ class Eagle3Proposer(Drafter):
             logits, state = self.chain_step(pos + i, state, token)
             token = self.model.draft_to_target[logits.argmax(-1, keepdim=True)]
             drafts.append(token)
+        return torch.cat(drafts)
+
+    def _chain(self, last: torch.Tensor, positions: torch.Tensor, window: int, k: int, mode=None) -> torch.Tensor:
+        """The chain's graph: greedy (mode None) or sampled, its q rows then written to the sampler's buffer."""
+        return self._greedy_chain(last, positions, window, k) if mode is None else \
+            self._sampled_chain(last, positions, window, k, mode)
+
+    def _sampled_chain(self, last: torch.Tensor, positions: torch.Tensor, window: int, k: int,
+                       mode: str) -> torch.Tensor:
+        """_greedy_chain with each draft drawn from its filtered row: shape-static, no host sync."""
+        m = self.model
+        state = self.fused.index_select(0, positions[:1])
+        token, drafts, rows = last, [], []
+        for i in range(k):
+            span = StaticSpan(self.cache, positions[i : i + 1], window, self.cos, self.sin)
+            state = m.rows(span, state, token)
+            token, q = self._draw(m.logits(state), mode)
+            drafts.append(token)
+            rows.append(q)
+        self._write_q(mode, rows)
         return torch.cat(drafts)
 
     def _greedy_chain(self, last: torch.Tensor, positions: torch.Tensor, window: int, k: int) -> torch.Tensor:
