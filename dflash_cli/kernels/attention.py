@@ -6,9 +6,10 @@ graph, and so does its grid: the programs read the current length (the largest
 limit + 1) and cut it into splits themselves (`_split_size`), so a graph captured
 once serves the whole context. A decode step (a few rows) cuts the length into
 about PROGRAMS programs of up to SPLIT keys: the keys alone must fill the GPU; a
-span into about SPAN_PROGRAMS. The grid has the splits of the window's full
-length (up to GRID_KEYS keys): a length that would need more takes larger splits,
-and programs past the length load nothing. All query heads of a KV group share
+span into about SPAN_PROGRAMS. A window of up to GRID_KEYS keys cuts every
+length into its own full length's splits (as a graph captured for that window
+did; programs past the length load nothing); a longer one cuts each length into
+splits of its own, growing them where its grid would not cover the length. All query heads of a KV group share
 its K/V loads. A second kernel merges the splits' partial softmax states,
 reading every split's state in vector loads (a loop of dependent loads cost a
 memory latency per split: at context 8192 that merge took longer than the split
@@ -143,18 +144,21 @@ def _warm_share(base, nbytes, after, STEPS: tl.constexpr, THREADS: tl.constexpr)
 
 @triton.jit
 def _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T: tl.constexpr, LEAST: tl.constexpr, CAP: tl.constexpr,
-                PROGRAMS: tl.constexpr, KVB: tl.constexpr):
+                PROGRAMS: tl.constexpr, KVB: tl.constexpr, HOST_SPLIT: tl.constexpr, DYNAMIC: tl.constexpr):
     """(keys a split holds, the length: the largest limit of the T rows + 1), the same in every program of a launch
-    and its merge: the smallest power of two from LEAST that cuts the length into about PROGRAMS programs over KVB
-    (KV heads x row blocks), at most CAP keys, unless NSPLIT splits of CAP would not cover it (split_size on the
-    host)."""
+    and its merge: the window's HOST_SPLIT, or (DYNAMIC) the smallest power of two from LEAST that cuts the length
+    into about PROGRAMS programs over KVB (KV heads x row blocks), at most CAP keys, unless NSPLIT splits of CAP
+    would not cover it (split_size on the host)."""
     tt = tl.arange(0, BLOCK_T)
     length = tl.max(tl.load(limit_ptr + tt * stride_lt, mask=tt < T, other=-1), axis=0) + 1
-    split = LEAST
-    while (split < CAP) & (split * PROGRAMS < length * KVB):
-        split *= 2
-    while split * NSPLIT < length:
-        split *= 2
+    if DYNAMIC:
+        split = LEAST
+        while (split < CAP) & (split * PROGRAMS < length * KVB):
+            split *= 2
+        while split * NSPLIT < length:
+            split *= 2
+    else:
+        split = HOST_SPLIT
     return split, length
 
 
@@ -170,8 +174,8 @@ def split_size(length: int, least: int, programs: int, kvb: int, nsplit: int | N
 
 def grid_splits(window: int, least: int, programs: int, kvb: int) -> int:
     """Split programs per KV head and row block: those of the window's full length (at most GRID_KEYS keys), as a
-    graph captured for that window had them. A shorter length whose own split would need more programs takes larger
-    splits instead (_split_size)."""
+    graph captured for that window had them. Past GRID_KEYS a length whose own split would need more programs takes
+    larger splits instead (_split_size)."""
     top = min(window, GRID_KEYS)
     return triton.cdiv(top, split_size(top, least, programs, kvb))
 
@@ -183,6 +187,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                   pos_ptr, eps, trace_ptr,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   LEAST: tl.constexpr, CAP: tl.constexpr, PROGRAMS: tl.constexpr, KVB: tl.constexpr,
+                  HOST_SPLIT: tl.constexpr, DYNAMIC: tl.constexpr,
                   FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
                   ROWS: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr = False,
                   warm_ptr=None, warm_bytes=0, WARM: tl.constexpr = False, WARM_STEPS: tl.constexpr = 1,
@@ -205,7 +210,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     offs_d = tl.arange(0, D)
     dt = k_ptr.dtype.element_ty
     q_rows = q_ptr + t * stride_qt + head * stride_qh
-    split, length = _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T, LEAST, CAP, PROGRAMS, KVB)
+    split, length = _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T, LEAST, CAP, PROGRAMS, KVB, HOST_SPLIT,
+                                DYNAMIC)
     live = sp * split < length  # a program past the length loads and stores nothing
     if EARLY:
         pdl.trigger(PDL)
@@ -247,23 +253,32 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     if not EARLY:
         lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
         max_lim = tl.max(lim, axis=0)
-        # The first key block outside the loop, whose trip count is the length's: a one-block split runs no loop.
-        offs_0 = sp * split + tl.arange(0, BLOCK_S)
-        old_0 = (offs_0 <= max_lim)[:, None]  # nothing past the length (a program past it loads nothing)
-        k_0 = tl.load(k_ptr + offs_0[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=old_0, other=0.0)
-        v_0 = tl.load(v_ptr + offs_0[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=old_0, other=0.0)
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, D), tl.float32)
-    m_i, l_i, acc = _attend_block(q, k_0, v_0, offs_0, lim, scale, m_i, l_i, acc)
-    for i in range(1, tl.where(live, split // BLOCK_S, 0)):
-        offs_s = sp * split + i * BLOCK_S + tl.arange(0, BLOCK_S)
-        smask = offs_s <= max_lim  # masked-off rows cost no memory traffic
-        k = tl.load(k_ptr + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
-                    mask=smask[:, None], other=0.0)
-        v = tl.load(v_ptr + offs_s[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
-                    mask=smask[:, None], other=0.0)
-        m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc)
+    if EARLY:
+        m_i, l_i, acc = _attend_block(q, k_0, v_0, offs_0, lim, scale, m_i, l_i, acc)
+    # Windows of up to GRID_KEYS keys cut every length into their own split (HOST_SPLIT): a loop of a fixed trip
+    # count, pipelined and unrolled as it compiles best (a second, dynamic loop beside it cost decode at ctx 8192 7%).
+    # Longer windows cut the length (DYNAMIC).
+    if DYNAMIC:
+        for i in range(1 if EARLY else 0, tl.where(live, split // BLOCK_S, 0)):
+            offs_s = sp * split + i * BLOCK_S + tl.arange(0, BLOCK_S)
+            smask = offs_s <= max_lim  # masked-off rows cost no memory traffic
+            k = tl.load(k_ptr + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
+                        mask=smask[:, None], other=0.0)
+            v = tl.load(v_ptr + offs_s[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
+                        mask=smask[:, None], other=0.0)
+            m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc)
+    else:
+        for i in range(1 if EARLY else 0, HOST_SPLIT // BLOCK_S):
+            offs_s = sp * HOST_SPLIT + i * BLOCK_S + tl.arange(0, BLOCK_S)
+            smask = offs_s <= max_lim  # past the length: nothing loaded
+            k = tl.load(k_ptr + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
+                        mask=smask[:, None], other=0.0)
+            v = tl.load(v_ptr + offs_s[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
+                        mask=smask[:, None], other=0.0)
+            m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc)
     if WARM:  # after the keys: the request waits on l_i, which they made
         _warm_share(warm_ptr, warm_bytes, tl.max(l_i, axis=0), WARM_STEPS, WARM_THREADS)
     base = (kvh * NSPLIT + sp) * ROWS
@@ -279,10 +294,12 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
 def _merge_kernel(part_o, part_ml, out_ptr, limit_ptr, stride_lt, T, NSPLIT: tl.constexpr, stride_ot,
                   G: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, LEAST: tl.constexpr, CAP: tl.constexpr,
-                  PROGRAMS: tl.constexpr, KVB: tl.constexpr, PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
+                  PROGRAMS: tl.constexpr, KVB: tl.constexpr, HOST_SPLIT: tl.constexpr, DYNAMIC: tl.constexpr,
+                  PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
     t0 = block_trace.now(TRACE)
     # The limits are the step's, written before its first layer: read while the split kernel still runs.
-    split, length = _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T, LEAST, CAP, PROGRAMS, KVB)
+    split, length = _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T, LEAST, CAP, PROGRAMS, KVB, HOST_SPLIT,
+                                DYNAMIC)
     used = (length + split - 1) // split  # the splits that hold keys: the others stored nothing
     pdl_start(PDL)
     t1 = block_trace.now(TRACE)
@@ -386,7 +403,8 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
     block_s = SPAN_BLOCK_S if not few and block_r <= 32 and fresh is None else BLOCK_S
     nsplit = grid_splits(s, least, programs, kv * blocks)
     split = split_size(s, least, programs, kv * blocks, nsplit)
-    sizing = dict(LEAST=least, CAP=SPLIT, PROGRAMS=programs, KVB=kv * blocks, BLOCK_T=triton.next_power_of_2(t))
+    sizing = dict(LEAST=least, CAP=SPLIT, PROGRAMS=programs, KVB=kv * blocks, BLOCK_T=triton.next_power_of_2(t),
+                  HOST_SPLIT=split, DYNAMIC=s > GRID_KEYS)
     tuning = {**tuning, **_split_tuning(split, block_r)}
     rows = block_r * blocks
     part_o = torch.empty((kv, nsplit, rows, d), dtype=torch.float32, device=q.device)

@@ -222,7 +222,7 @@ def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> t
     q_on_p = q_row.gather(0, p_ids) * (n < k)
     residual = (p_probs - q_on_p).clamp_min(0)
     weights = torch.where(residual.sum() > 0, residual, p_probs)
-    return n, p_ids[race(weights, gen)]
+    return n, p_ids.gather(0, race(weights, gen).view(1))[0]  # (indexing by a 0-d tensor would read it on the host)
 
 
 def verdict(ids: torch.Tensor, logits: torch.Tensor, mode: str, feed=None) -> torch.Tensor:

@@ -33,6 +33,7 @@ def test_generate_each_drafter_on_cuda(cli, models, dtype):
             assert r.code == 0, r.err
             runs[name, temp] = r.json()
             assert runs[name, temp]["stats"]["draft_kind"] == name
+            assert runs[name, temp]["stats"]["graph_captures"] == 0  # every graph captured at load
     if dtype == "float32":  # exact equality is an fp32 property; bf16 may flip near-ties
         assert runs["none", "0"]["tokens"] == runs["dflash", "0"]["tokens"] == runs["eagle3", "0"]["tokens"]
 
