@@ -104,7 +104,7 @@ def chat(mode: str, temp: float, turns: int = 5, tokens: int = 200) -> list[tupl
     """A scripted `dflash chat` of `turns` messages (stdin, not a terminal), each followed by /stats: (decode tok/s,
     TTFT ms) by turn, read from /stats."""
     script = "".join(f"message {i}: {prompt()}\n/stats\n" for i in range(turns))
-    cmd = [sys.executable, "-m", "dflash_cli", "chat", "--model", str(ROOT / "target"), "--draft", draft(mode),
+    cmd = [sys.executable, "-m", "dflash_cli", "chat", str(ROOT / "target"), "--draft", draft(mode),
            "--max-tokens", str(tokens), "--seed", "0", "--no-repeat-guard", *sampling(temp)]
     out = subprocess.run(cmd, cwd=REPO, input=script, capture_output=True, text=True, timeout=300)
     text = out.stdout + out.stderr
