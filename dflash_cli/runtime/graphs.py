@@ -121,12 +121,6 @@ def padded_prefill(ids, start: int, rows: int) -> tuple[list[int], list[int]]:
     return [0] * (rows - n) + list(ids), list(range(start + n, start + rows)) + list(range(start, start + n))
 
 
-def window_for(end: int, max_len: int) -> int:
-    """The cache rows a step's attention is handed: all of them, whatever the step's end (the kernels read only up
-    to the current length), so a step's graph does not depend on where in the context it runs."""
-    return max_len
-
-
 @dataclass(frozen=True, eq=False)  # a handle: equal only to itself
 class Fed:
     """The token a feeding step (a greedy decode step) wrote into its own next inputs, for the row at `position`:
@@ -147,8 +141,9 @@ class _Captured:
 
 
 class Graphs:
-    """Captured replays of `fn(ids, positions, window, *extra)`: ids and positions (device int64 [P]) are static
-    device buffers.
+    """Captured replays of `fn(ids, positions, window, *extra)`, one per key (rows, *extra): ids and positions
+    (device int64 [P]) are static device buffers; window is max_len, the whole cache (the attention kernels read
+    only up to the current length), so a step's graph serves every position.
 
     Steps whose key `feeds` (a greedy decode step) stage their own next inputs: fn writes the step's token into its
     ids, the next position into its positions and the token into `fed` at that position (ops.greedy_verdict's feed).
@@ -170,16 +165,15 @@ class Graphs:
         self.capture_prefills = False
         self.prefill_graphs = PREFILL_GRAPHS  # how many prefill graphs are kept
 
-    def __call__(self, ids, start: int, *extra, end: int | None = None, positions=None):
+    def __call__(self, ids, start: int, *extra, positions=None):
         """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device) at
         positions [start, start + len(ids)) or the given `positions` (host ints, as many per key, or a device
-        tensor: then ids must be one too, and `end` bounds the largest position + 1); attention reads a window
-        covering `end` (default start + len(ids)). ids may be the Fed handle of the last feeding step's token."""
+        tensor: then ids must be one too). ids may be the Fed handle of the last feeding step's token."""
         fed = ids if isinstance(ids, Fed) else None
         if fed is not None:
             ids = fed.token.view(1)
         n = len(ids)
-        key = (n, window_for(end or start + n, self.max_len), *extra)
+        key = (n, *extra)
         step = self.steps.get(key)
         on_host = not torch.is_tensor(ids)
         # Device ids at consecutive positions on a built step (a decode step after its predecessor, a verify
@@ -197,7 +191,7 @@ class Graphs:
             elif not self.capture_prefills:
                 inputs = src.to(self.device, non_blocking=True)
                 ids = inputs[:n] if on_host else ids
-                return self.fn(ids, inputs[n:] if on_host else inputs, *key[1:])
+                return self.fn(ids, inputs[n:] if on_host else inputs, self.max_len, *extra)
             else:
                 self._evict_prefills()
         built = step is None
@@ -214,17 +208,16 @@ class Graphs:
             stage(step.positions, src[n:] if on_host else src)
         return self._replay(step, key, built, start + 1 if positions is None else None)
 
-    def staged(self, n: int, start: int, stage_inputs, *extra, end: int | None = None):
+    def staged(self, n: int, stage_inputs, *extra):
         """Run the step of `n` rows (at most MAX_ROWS) whose inputs `stage_inputs(ids, positions)` writes on the
-        device straight into the step's own buffers: nothing else is queued before the replay. start and end pick
-        the attention window as in __call__."""
-        key = (n, window_for(end or start + n, self.max_len), *extra)
+        device straight into the step's own buffers: nothing else is queued before the replay."""
+        key = (n, *extra)
         step = self.steps.get(key)
         if step is None:  # its first use: staged into fresh buffers, from which it is built
             ids = torch.empty(n, dtype=torch.long, device=self.device)
             positions = torch.empty_like(ids)
             stage_inputs(ids, positions)
-            return self(ids, start, *extra, end=end, positions=positions)
+            return self(ids, 0, *extra, positions=positions)
         stage_inputs(step.ids, step.positions)
         return self._replay(step, key, False, None)
 
@@ -264,7 +257,7 @@ class Graphs:
             del self.steps[key]
 
     def _run(self, step: _Captured, key):
-        return self.fn(step.ids, step.positions, *key[1:])
+        return self.fn(step.ids, step.positions, self.max_len, *key[1:])
 
     def _build(self, key, ids, src: torch.Tensor, on_host: bool) -> _Captured:
         dev = self.device

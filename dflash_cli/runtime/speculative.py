@@ -45,8 +45,7 @@ class SpeculativeDecoder:
         self.draft_len = min(draft_len or proposer.default_draft, proposer.max_draft)
         self._max_len = 0
         self._queued: _Queued | None = None
-        # Off (tuning.queue_ahead): absorb and propose only after the read. Greedy tokens are the same; a queued draft
-        # may use a larger attention window bucket, so bf16 near-ties among drafts can differ.
+        # Off (tuning.queue_ahead): absorb and propose only after the read. Greedy tokens are the same either way.
         self.queue_ahead = tuning.KNOBS.queue_ahead
         self._prefix = proposer.prefix_drafts
 

@@ -100,10 +100,9 @@ class DFlashProposer(Drafter):
         def block(ids, positions):  # [bonus, masks...] at start + accepted + 1, ...: one kernel
             stage_step(ids, bonus.reshape(1), positions, start + 1, offset=accepted, fill=mask)
 
-        # The block's last row lies at most at start + len(hidden) + k: the window is sized for that.
         mode = sampling.mode(params)
         extra = () if mode is None else (mode,)
-        out = self.fast.staged(k + 1, start, block, *extra, end=start + hidden.shape[0] + k + 1)
+        out = self.fast.staged(k + 1, block, *extra)
         return (ops.argmax_rows(out), None) if mode is None else self._proposal(out, mode, k)
 
     def commit(self, length: int) -> None:

@@ -9,7 +9,7 @@ from ...layers import ops
 from ...layers.kv_cache import KVCache
 from ...layers.spans import Span, StaticSpan
 from ...models.eagle3 import Eagle3Drafter
-from ..graphs import MAX_ROWS, Graphs, upload, window_for
+from ..graphs import MAX_ROWS, Graphs, upload
 from .. import sampling
 from ..sampling import SamplingParams
 from .base import Drafter
@@ -92,13 +92,12 @@ class Eagle3Proposer(Drafter):
         verify input, on the device). Rows past the accepted ones pair states with rejected tokens: the chain and
         later absorbs overwrite them, and causal attention hides them from the rows before. Then chains k drafts
         after `bonus`; until `commit` the drafter counts as committed to `start`."""
-        m = hidden.shape[0]
         self.absorb_verified(hidden, ids, start)
         # The chain's rows sit at committed-1 ... committed+k-2 (committed = start + accepted + 1).
         positions = self.offsets[:k] + (accepted + start)
         mode = sampling.mode(params)
         extra = () if mode is None else (mode,)
-        drafts = self.fast(bonus.view(1), start, k, *extra, end=start + m + k, positions=positions)
+        drafts = self.fast(bonus.view(1), start, k, *extra, positions=positions)
         return drafts, self._q(mode, k)
 
     def commit(self, length: int) -> None:
@@ -109,7 +108,7 @@ class Eagle3Proposer(Drafter):
         if mode is None:
             return self.greedy_chain(last, k), None
         if self.fast is not None:  # one replay, as the greedy chain's
-            drafts = self.fast([last], self.committed, k, mode, end=self.committed + k,
+            drafts = self.fast([last], self.committed, k, mode,
                                positions=range(self.committed - 1, self.committed - 1 + k))
             return drafts, self._q(mode, k)
         pos, state = self.first_state()
@@ -144,7 +143,7 @@ class Eagle3Proposer(Drafter):
         """absorb's graph replay (start >= 1): the rows' tokens `ids` staged in next_ids, then `_absorb_rows`."""
         m = hidden.shape[0]
         self.next_ids[:m].copy_(ids, non_blocking=True)
-        self.fast_absorb(hidden, start, end=start + m - 1)
+        self.fast_absorb(hidden, start)
 
     def _absorb_rows(self, hidden: torch.Tensor, positions: torch.Tensor, window: int) -> None:
         """absorb on device positions [start, start + m) (start >= 1): fused rows at the positions, drafter rows at
@@ -158,9 +157,9 @@ class Eagle3Proposer(Drafter):
         """One chained row at `pos` fed `token` (an id, or a device tensor of one):
         returns (draft-vocab logits [Vd], pre-norm output [1, H])."""
         m = self.model
-        if self.fast is not None:  # device positions and a window bucket: no attention shape per position
+        if self.fast is not None:  # device positions over the whole cache: no attention shape per position
             where = upload([pos], m.device)
-            span = StaticSpan(self.cache, where, window_for(pos + 1, self.cache.max_len), self.cos, self.sin)
+            span = StaticSpan(self.cache, where, self.cache.max_len, self.cos, self.sin)
         else:
             span = Span(self.cache, pos, 1, self.cos, self.sin)
         out = m.rows(span, state, upload(token, m.device))
@@ -175,7 +174,7 @@ class Eagle3Proposer(Drafter):
         """k greedy chained drafts (target ids, [k] on the device) after `last`; the tokens never leave the device
         (on the fast path: one graph replay)."""
         if self.fast is not None:  # the chain's rows sit at committed-1 ... committed+k-2
-            return self.fast([last], self.committed, k, end=self.committed + k,
+            return self.fast([last], self.committed, k,
                              positions=range(self.committed - 1, self.committed - 1 + k))
         pos, state = self.first_state()
         token, drafts = last, []
