@@ -8,8 +8,11 @@ generations (the session starts over at length 0), and the drafter resets with t
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
+
+import torch
 
 from .generation import Request, generate
 from .graphs import MAX_ROWS, Totals
@@ -44,13 +47,19 @@ def capture_all(session: Session, decoder, modes: list[SamplingParams]) -> tuple
 
 def prepare(session: Session, decoder, params: SamplingParams, switchable: bool = False, notice=None) -> None:
     """capture_all for the modes a command can run (modes_for), with `notice(text)` told first where this model and
-    drafter's kernels compile for the first time (up to a minute instead of about a second)."""
-    first = first_run(session, decoder)
+    drafter's kernels compile for the first time (into Triton's and our caches: up to a minute instead of about a
+    second); a marker file records that they did."""
+    marker = _compiled_marker(session, decoder)
+    first = marker is not None and not marker.is_file()
     if first and notice is not None:
         notice("compiling GPU kernels (first run only) …")
     capture_all(session, decoder, modes_for(params, switchable))
     if first:
-        record_run(session, decoder)
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass  # only the next run's notice depends on it
 
 
 def modes_for(params: SamplingParams, switchable: bool) -> list[SamplingParams]:
@@ -62,35 +71,16 @@ def modes_for(params: SamplingParams, switchable: bool) -> list[SamplingParams]:
     return [params]
 
 
-def first_run(session: Session, decoder) -> bool:
-    """Whether no capture_all has finished for this model shape, drafter, device and software yet: then kernels
-    compile (into Triton's and our caches) during it, which takes up to a minute instead of about a second."""
-    marker = _marker(session, decoder)
-    return marker is not None and not marker.is_file()
-
-
-def record_run(session: Session, decoder) -> None:
-    """Note that capture_all finished: later processes find the compiled kernels in the caches."""
-    marker = _marker(session, decoder)
-    if marker is not None:
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass  # only the next run's notice depends on it
-
-
-def _marker(session: Session, decoder):
-    import hashlib
-
-    import torch
+def _compiled_marker(session: Session, decoder) -> Path | None:
+    """The file whose presence says this model shape, drafter, device, software and kernel source have compiled
+    their kernels here before (None off the graphs path)."""
+    if session.fast is None or not session.fast.use_graphs:
+        return None
     import triton
 
     from .. import tuning
     from ..kernels import cubin
 
-    if session.fast is None or not session.fast.use_graphs:
-        return None
     proposer = getattr(decoder, "proposer", None)
     what = [torch.__version__, triton.__version__, torch.cuda.get_device_name(session.device),
             repr(session.model.cfg), decoder.kind, repr(getattr(getattr(proposer, "model", None), "c", None))]
@@ -98,5 +88,4 @@ def _marker(session: Session, decoder):
     sources = Path(__file__).parents[1] / "kernels", cubin.CSRC  # the kernels' code: an edit compiles them again
     for path in sorted(p for folder in sources if folder.is_dir() for p in folder.iterdir() if p.is_file()):
         digest.update(path.read_bytes())
-    key = digest.hexdigest()[:16]
-    return tuning.KNOBS.kernel_cache / "compiled" / key
+    return tuning.KNOBS.kernel_cache / "compiled" / digest.hexdigest()[:16]
