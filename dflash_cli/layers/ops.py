@@ -281,12 +281,18 @@ def greedy_verdict(ids: torch.Tensor, logits: torch.Tensor, feed=None) -> torch.
     drafts = ids[1:]
     n = (drafts == best[:-1]).to(torch.int64).cumprod(0).sum()
     out = torch.cat([n.view(1), best.index_select(0, n.view(1)), drafts])
+    feed_token(ids, out[1:2], feed)
+    return out
+
+
+def feed_token(ids: torch.Tensor, token: torch.Tensor, feed) -> None:
+    """A one-row step's token [1] on to its next replay, as greedy_verdict's `feed` (None: nothing): the row's next
+    input (ids[0] = token, positions[0] += 1), recorded at fed[position + 1]."""
     if feed is not None:
         positions, fed = feed
-        fed.index_copy_(0, positions + 1, out[1:2])
-        ids.copy_(out[1:2])
+        fed.index_copy_(0, positions + 1, token)
+        ids.copy_(token)
         positions.add_(1)
-    return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import DflashError
+from ..layers import ops
 
 # Candidates per row where top-k is set: torch.topk to this many, then temperature / top-k / top-p on them (a
 # full-vocabulary sort per row costs a decode step more than the 5% it may). Covers the usual top-k (Qwen3's 20).
@@ -236,11 +237,7 @@ def verdict(ids: torch.Tensor, logits: torch.Tensor, mode: str, feed=None) -> to
     p = filtered(logits, mode, s)
     n, tok = accept(ids[1:], s.q(mode, vocab)[:k], p, vocab, s.gen)
     out = torch.cat([n.view(1), tok.view(1), ids[1:]])
-    if feed is not None:
-        positions, fed = feed
-        fed.index_copy_(0, positions + 1, out[1:2])
-        ids.copy_(out[1:2])
-        positions.add_(1)
+    ops.feed_token(ids, out[1:2], feed)
     return out
 
 
