@@ -154,8 +154,6 @@ def tee(*fns):
     return lambda step: [f(step) for f in fns]
 
 
-
-
 def capture_graphs(session, decoder, params, switchable: bool = False) -> None:
     """runtime/warmup.prepare, its first-run notice on stderr (stdout may be JSON)."""
     from ..runtime.warmup import prepare

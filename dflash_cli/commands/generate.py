@@ -79,7 +79,8 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         console.print("[stopped: the answer was repeating itself; --no-repeat-guard to allow it]", style="dim",
                       markup=False, highlight=False)
     stats = json_stats(result.stats())
-    stats["graph_captures_at_load"], stats["graph_capture_at_load_s"] = session.prepared[0], round(session.prepared[1], 3)
+    captures, capture_s = session.prepared
+    stats.update(graph_captures_at_load=captures, graph_capture_at_load_s=round(capture_s, 3))
     if o.json:
         visible = [t for t in result.tokens if t not in set(tok.stop_ids)]
         print(json.dumps({
