@@ -92,13 +92,21 @@ def chi2_critical(df: int) -> float:
 def test_a_graphed_step_samples_the_target_distribution(models, kind):
     """The first token of a decode step (plain: the step's graph; speculative: the verify graph's rejection sampling
     of drafts drawn in the drafter's graph) after a fixed context, over many runs, against probabilities() of the
-    target's logits there."""
+    target's logits there, as that step's own forward computes them (a prefill's bf16 logits differ enough to swap
+    the 20th and 21st token: samples of a token the prefill's top-20 leaves out)."""
     target = models[0]
     vocab = target.cfg.vocab_size
     params = SamplingParams(temperature=1.0, top_k=20)
     context, last = prompt(30, 3, vocab), 11
     session, dec = Session(target, 256, path="graphs"), decoder(models, kind)
-    probs = probabilities(session.forward(context + [last]).logits[-1].float(), params).cpu()
+    dec.prefill(session, context)
+    if kind == "none":  # the plain step's forward, and the verify's: [last, drafts...] (row 0 sees only `last`)
+        logits = session.forward([last], accept=True).logits[-1]
+    else:
+        ids = [last] + [0] * dec.draft_len
+        logits = session.forward(ids, capture=dec.proposer.capture, all_logits=True, accept=True).logits[0]
+    probs = probabilities(logits.float(), params).cpu()
+    dec.sync(session)
     counts = torch.zeros(vocab, dtype=torch.long)
     for seed in range(1500):
         session.reset()
