@@ -6,12 +6,15 @@ drafters of the published shapes; the demo's tokenizer, whose ids the random mod
 text is near empty and only the speed is measured), then, per mode (none / dflash / eagle3) and temperature (0, and
 0.6 with top-p 0.95 and top-k 20), runs `dflash generate --json` of MAX_TOKENS tokens in a fresh process and
 `dflash bench` on the same prompt, and prints: command start to first token, TTFT after load, decode tok/s, CUDA
-graph captures during the generation, bench tok/s and the ratio. Random drafters: τ about 1.
+graph captures during the generation, bench tok/s and the ratio. Random drafters: τ about 1; then forced τ
+(FORCED_TAU, default 6): `generate` under DFLASH_FORCE_TAU against `dflash bench --synthetic --synthetic-tau` with
+the same shapes, greedy.
 
 Then a scripted 5-turn `dflash chat` (200 tokens a turn) per mode and temperature: decode tok/s and TTFT by turn.
 
 Env: ROOT (checkpoint folder, default /tmp/product), MAX_TOKENS (512), MODES (none,dflash,eagle3), TEMPS (0,0.6),
-PROMPT_TOKENS (short prompt: 0; else a prompt of about that many tokens), CHAT (1: the chat table too).
+PROMPT_TOKENS (short prompt: 0; else a prompt of about that many tokens), CHAT (1: the chat table too), FORCED_TAU
+(6; 0: no forced rows).
 Run: PYTHONUNBUFFERED=1 python benchmarks/product_path.py
 """
 
@@ -83,13 +86,14 @@ def draft(mode: str) -> str:
     return "none" if mode == "none" else str(ROOT / mode)
 
 
-def generate(mode: str, temp: float, prompt_file: Path) -> dict:
+def generate(mode: str, temp: float, prompt_file: Path, tau: float | None = None) -> dict:
     cmd = [sys.executable, "-m", "dflash_cli", "generate", "--model", str(ROOT / "target"), "--draft", draft(mode),
            "--prompt-file", str(prompt_file), "--max-tokens", str(MAX_TOKENS), "--seed", "0", "--json",
            "--no-repeat-guard",
            *sampling(temp)]
+    env = dict(os.environ, **({"DFLASH_FORCE_TAU": str(tau)} if tau else {}))
     t0 = time.time()
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     wall = time.time() - t0
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1:] or ["?"]}
@@ -129,6 +133,19 @@ def bench(mode: str, temp: float, prompts: Path) -> float | None:
     return next(m["decode_tok_per_s"] for m in modes if m["draft_kind"] == mode)
 
 
+def forced_bench(mode: str, tau: float) -> float | None:
+    """`dflash bench --synthetic` at a forced τ: Qwen3-4B shapes and random weights, as the local checkpoints."""
+    report = ROOT / f"bench_{mode}_tau{tau}.json"
+    cmd = [sys.executable, "-m", "dflash_cli", "bench", "--model", "qwen3-4b", "--synthetic", "--synthetic-tau",
+           str(tau), "--draft", mode, "--max-tokens", str(MAX_TOKENS), "--json", str(report)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+    if out.returncode != 0:
+        print(f"  bench --synthetic {mode} τ {tau}: {out.stderr.strip().splitlines()[-1:]}")
+        return None
+    modes = json.loads(report.read_text())["modes"]
+    return next(m["decode_tok_per_s"] for m in modes if m["draft_kind"] == mode)
+
+
 def main() -> None:
     t0 = time.time()
     checkpoints()
@@ -157,6 +174,19 @@ def main() -> None:
         ratio = f"{g['tok_s'] / b:.2f}" if b else "—"
         print(f"| {mode} | {temp} | {g['start_to_first_s']:.2f} | {g['load_captures']} ({g['load_capture_s']:.2f}) | "
               f"{1000 * g['ttft_s']:.0f} | {g['tok_s']:.1f} | {g['captures']} | {b or '—'} | {ratio} |")
+
+    tau = float(os.environ.get("FORCED_TAU", "6"))
+    if tau:
+        print(f"\n| forced τ {tau:g}: mode | generate τ | generate tok/s | captures during | bench --synthetic tok/s "
+              f"| generate / bench |")
+        print("|---|---|---|---|---|---|")
+        for mode in (m for m in MODES if m != "none"):
+            g, b = generate(mode, 0.0, prompt_file, tau), forced_bench(mode, tau)
+            if "error" in g:
+                print(f"| {mode} | error: {g['error']} | | | | |")
+                continue
+            ratio = f"{g['tok_s'] / b:.2f}" if b else "—"
+            print(f"| {mode} | {g['tau']:.2f} | {g['tok_s']:.1f} | {g['captures']} | {b or '—'} | {ratio} |")
 
     if os.environ.get("CHAT", "1") == "1":
         print("\n| chat: mode | T | decode tok/s by turn | TTFT ms by turn | slowest / fastest turn |")

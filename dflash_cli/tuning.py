@@ -25,6 +25,9 @@ class Tuning:
     kernel_cache: Path = Path.home() / ".cache" / "dflash" / "kernels"  # DFLASH_KERNEL_CACHE: built kernels
     registry: Path | None = None  # DFLASH_REGISTRY: a models.toml of one's own instead of the packaged one
     debug: bool = False  # DFLASH_DEBUG: a traceback instead of the one error line
+    # DFLASH_FORCE_TAU (benchmarks only): a speculative `generate` commits this many tokens a step on average, the
+    # target's own greedy continuation forced into its drafts (bench/forced.py): the product path at a chosen τ.
+    force_tau: float | None = None
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -42,11 +45,25 @@ def read(env: Mapping[str, str] = os.environ) -> Tuning:
     if gemm not in GEMMS:
         raise DflashError(f"DFLASH_GEMM={gemm!r}: must be one of {', '.join(GEMMS)}")
     cache, registry = env.get("DFLASH_KERNEL_CACHE"), env.get("DFLASH_REGISTRY")
+    force_tau = _tau(env.get("DFLASH_FORCE_TAU"))
     return Tuning(graphs=_flag(env, "DFLASH_GRAPHS", True), kernels=_flag(env, "DFLASH_KERNELS", True), gemm=gemm,
                   pdl=_flag(env, "DFLASH_PDL", True), queue_ahead=_flag(env, "DFLASH_QUEUE_AHEAD", True),
                   block_trace=_flag(env, "DFLASH_BLOCK_TRACE", False),
                   kernel_cache=Path(cache) if cache else Tuning.kernel_cache,
-                  registry=Path(registry) if registry else None, debug=bool(env.get("DFLASH_DEBUG")))
+                  registry=Path(registry) if registry else None, debug=bool(env.get("DFLASH_DEBUG")),
+                  force_tau=force_tau)
+
+
+def _tau(raw: str | None) -> float | None:
+    if not raw:
+        return None
+    try:
+        tau = float(raw)
+    except ValueError:
+        tau = 0.0
+    if not tau >= 1.0:
+        raise DflashError(f"DFLASH_FORCE_TAU={raw!r}: must be a number >= 1 (tokens committed per step)")
+    return tau
 
 
 try:

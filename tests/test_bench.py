@@ -95,6 +95,21 @@ def test_synthetic_forced_tau_is_what_the_label_says(cli, registry, tmp_path, ta
         assert eagle["tau"] == float(CHAIN + 1)  # forced τ is capped by the chain length
 
 
+@pytest.mark.parametrize("draft", ["dflash", "eagle3"])
+def test_generate_at_a_forced_tau_commits_it_through_the_product_path(cli, registry, monkeypatch, draft):
+    """DFLASH_FORCE_TAU: `generate` itself at the bench's forced τ (whole spans here), its text the plain greedy one."""
+    plain = cli("generate", "-p", "def fibonacci(n):", "-n", "31", "--temperature", "0", "--draft", "none", "--json")
+    monkeypatch.setenv("DFLASH_FORCE_TAU", "100")
+    r = cli("generate", "-p", "def fibonacci(n):", "-n", "31", "--temperature", "0", "--draft", draft, "--json")
+    assert plain.code == 0 and r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["tokens"] == json.loads(plain.out)["tokens"]
+    assert out["stats"]["tau_tokens_per_step"] == float(BLOCK if draft == "dflash" else CHAIN + 1)
+    monkeypatch.setenv("DFLASH_FORCE_TAU", "0.5")
+    bad = cli("generate", "-p", "x", "-n", "2", "--draft", draft)
+    assert bad.code != 0 and "DFLASH_FORCE_TAU" in bad.err and "Traceback" not in bad.err
+
+
 def test_bench_bad_input_is_one_line(cli, registry, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")

@@ -113,3 +113,18 @@ class ForcedDecoder(SpeculativeDecoder):
         if self._counts is None or self._counts.device != verdict.device:
             self._counts = torch.arange(self.proposer.max_draft + 1, dtype=verdict.dtype, device=verdict.device)
         return torch.cat([self._counts[n : n + 1], ops.argmax_rows(out.logits[n : n + 1]), verdict[2:]])
+
+
+def forced_generate(session, decoder: SpeculativeDecoder, prompt: list[int], max_tokens: int,
+                    tau: float) -> ForcedDecoder:
+    """`generate` at a chosen τ (DFLASH_FORCE_TAU): the same drafter, session and graphs, its drafts forced to the
+    target's greedy continuation of `prompt`, which `decoder` generates first (greedy speculative output is the plain
+    one). The session is given back empty."""
+    from ..runtime.generation import Request, generate
+    from ..runtime.sampling import SamplingParams
+
+    plain = generate(session, decoder, Request(list(prompt), SamplingParams(), max_tokens))
+    session.reset()
+    decoder.sync(session)
+    forced = ForcedAcceptance(decoder.proposer, list(prompt) + plain.tokens, tau, session.model.cfg.vocab_size)
+    return ForcedDecoder(forced, decoder.draft_len)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .. import tuning
 from ..options import GenerateOptions
 from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, generate
@@ -63,6 +64,10 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         max_len = min(context, len(ids) + o.max_tokens + 32) if o.context is None else context
         session = Session(bundle.load_model(), max_len=max_len)
         capture_graphs(session, decoder, params)
+        if tuning.KNOBS.force_tau is not None and hasattr(decoder, "proposer"):
+            from ..bench.forced import forced_generate
+
+            decoder = forced_generate(session, decoder, ids, o.max_tokens, tuning.KNOBS.force_tau)
         req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
         on_step = tee(guard.on_step, _tracer(trace))
         if o.json:
