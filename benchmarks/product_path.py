@@ -101,7 +101,7 @@ def generate(mode: str, temp: float, prompt_file: Path, tau: float | None = None
     return {"start_to_first_s": stats["first_token_unix_s"] - t0, "ttft_s": stats["ttft_s"],
             "tok_s": stats["decode_tok_per_s"], "captures": stats["graph_captures"], "wall_s": wall,
             "tau": stats["tau_tokens_per_step"], "load_captures": stats["graph_captures_at_load"],
-            "load_capture_s": stats["graph_capture_at_load_s"]}
+            "load_capture_s": stats["graph_capture_at_load_s"], "startup": stats.get("startup_s", {})}
 
 
 def chat(mode: str, temp: float, turns: int = 5, tokens: int = 200) -> list[tuple[float, float]]:
@@ -146,6 +146,11 @@ def forced_bench(mode: str, tau: float) -> float | None:
     return next(m["decode_tok_per_s"] for m in modes if m["draft_kind"] == mode)
 
 
+def stages(startup: dict) -> str:
+    return " / ".join(f"{startup[k]:.2f}" for k in ("imports", "tokenizer", "weights", "graphs", "prefill")
+                      if k in startup)
+
+
 def main() -> None:
     t0 = time.time()
     checkpoints()
@@ -164,7 +169,7 @@ def main() -> None:
             b = bench(mode, temp, prompts)
             rows.append((mode, temp, g, b))
             print(f"  {mode} T={temp}: generate {g}  bench {b}")
-    print(f"\n| mode | T | start→first token s | captures at load (s) | TTFT after load ms | generate tok/s | "
+    print(f"\n| mode | T | start→first token s (imports / tokenizer / weights / graphs / prefill) | captures at load (s) | TTFT after load ms | generate tok/s | "
           f"captures during | bench tok/s | generate / bench |")
     print("|---|---|---|---|---|---|---|---|---|")
     for mode, temp, g, b in rows:
@@ -172,7 +177,8 @@ def main() -> None:
             print(f"| {mode} | {temp} | error: {g['error']} | | | | | | |")
             continue
         ratio = f"{g['tok_s'] / b:.2f}" if b else "—"
-        print(f"| {mode} | {temp} | {g['start_to_first_s']:.2f} | {g['load_captures']} ({g['load_capture_s']:.2f}) | "
+        print(f"| {mode} | {temp} | {g['start_to_first_s']:.2f} ({stages(g['startup'])}) | "
+              f"{g['load_captures']} ({g['load_capture_s']:.2f}) | "
               f"{1000 * g['ttft_s']:.0f} | {g['tok_s']:.1f} | {g['captures']} | {b or '—'} | {ratio} |")
 
     tau = float(os.environ.get("FORCED_TAU", "6"))

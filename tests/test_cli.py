@@ -121,6 +121,9 @@ def test_json_fields_and_max_tokens(gen, tok):
     assert stats["steps"] == len(tokens) - 1  # plain decoding: one token per step after the first
     assert stats["draft_kind"] == "none" and stats["accepted_drafts_hist"] == [stats["steps"]]
     assert stats["tau_tokens_per_step"] == 1.0
+    # Where the start-up went, stage by stage up to the first token (the CLI runs in-process here: no imports).
+    assert list(stats["startup_s"]) == ["imports", "tokenizer", "weights", "graphs", "prefill"]
+    assert all(v >= 0 for v in stats["startup_s"].values())
 
 
 def test_trace_file_has_one_line_per_step(gen, tmp_path):

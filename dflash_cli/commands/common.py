@@ -159,3 +159,34 @@ def capture_graphs(session, decoder, params, switchable: bool = False) -> None:
     from ..runtime.warmup import prepare
 
     prepare(session, decoder, params, switchable, notice=lambda text: print(text, file=sys.stderr, flush=True))
+
+
+class StartupClock:
+    """Where a command's start-up goes (generate --json's `startup_s`): a wall-clock mark after each stage, from the
+    process's own start (Linux's /proc; elsewhere the first mark's)."""
+
+    def __init__(self):
+        import time
+
+        self._time = time.time
+        now = time.time()
+        self.marks = [("start", _process_start() or now), ("imports", now)]
+
+    def mark(self, stage: str) -> None:
+        self.marks.append((stage, self._time()))
+
+    def stages(self, first_token_unix: float) -> dict:
+        """Seconds per stage, the last one ("prefill") ending at the first token."""
+        marks = self.marks + [("prefill", first_token_unix)] if first_token_unix else self.marks
+        return {name: round(t - before, 3) for (_, before), (name, t) in zip(marks, marks[1:])}
+
+
+def _process_start() -> float | None:
+    """This process's start as a Unix time, from /proc (clock ticks since boot), or None."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None

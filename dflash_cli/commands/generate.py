@@ -17,13 +17,14 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView, footer_lines, json_stats
-from .common import (RepetitionGuard, capture_graphs, check_draft_len, check_writable, finish_reason, read_prompt,
+from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_writable, finish_reason, read_prompt,
                      set_threads, tee)
 
 __all__ = ["GenerateOptions", "run_generate"]
 
 
 def run_generate(o: GenerateOptions, console: Console) -> None:
+    clock = StartupClock()
     if o.url:
         from .remote import remote_generate
 
@@ -37,6 +38,7 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         raise DflashError(f"--threads must be >= 1 (got {o.threads})")
     check_writable(o.trace, "--trace")
     bundle = open_bundle(Registry.load().resolve(o.model), o.device, o.dtype)
+    clock.mark("tokenizer")
     tok = bundle.tokenizer
     if o.raw:
         if o.system:
@@ -63,11 +65,14 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         # A little room past max_tokens so the last speculative steps keep their full block (--context: no more).
         max_len = min(context, len(ids) + o.max_tokens + 32) if o.context is None else context
         session = Session(bundle.load_model(), max_len=max_len)
+        clock.mark("weights")
         capture_graphs(session, decoder, params)
+        clock.mark("graphs")
         if tuning.KNOBS.force_tau is not None and hasattr(decoder, "proposer"):
             from ..bench.forced import forced_generate
 
             decoder = forced_generate(session, decoder, ids, o.max_tokens, tuning.KNOBS.force_tau)
+            clock.mark("forced_pre_run")
         req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
         on_step = tee(guard.on_step, _tracer(trace))
         if o.json:
@@ -85,7 +90,8 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
                       markup=False, highlight=False)
     stats = json_stats(result.stats())
     captures, capture_s = session.prepared
-    stats.update(graph_captures_at_load=captures, graph_capture_at_load_s=round(capture_s, 3))
+    stats.update(graph_captures_at_load=captures, graph_capture_at_load_s=round(capture_s, 3),
+                 startup_s=clock.stages(result.first_token_unix_s))
     if o.json:
         visible = [t for t in result.tokens if t not in set(tok.stop_ids)]
         print(json.dumps({
