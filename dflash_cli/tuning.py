@@ -25,6 +25,10 @@ class Tuning:
     kernel_cache: Path = Path.home() / ".cache" / "dflash" / "kernels"  # DFLASH_KERNEL_CACHE: built kernels
     registry: Path | None = None  # DFLASH_REGISTRY: a models.toml of one's own instead of the packaged one
     debug: bool = False  # DFLASH_DEBUG: a traceback instead of the one error line
+    # DFLASH_DRAFT_WINDOW: a sliding window (keys) for every DFlash drafter layer that has none (all of a Qwen3
+    # drafter's): bounds the drafter's attention on long prompts; the drafter was not trained with it, so acceptance
+    # can drop (docs/dflash-sliding-window.md)
+    draft_window: int | None = None
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -42,11 +46,15 @@ def read(env: Mapping[str, str] = os.environ) -> Tuning:
     if gemm not in GEMMS:
         raise DflashError(f"DFLASH_GEMM={gemm!r}: must be one of {', '.join(GEMMS)}")
     cache, registry = env.get("DFLASH_KERNEL_CACHE"), env.get("DFLASH_REGISTRY")
+    window = env.get("DFLASH_DRAFT_WINDOW") or None
+    if window is not None and not (window.isdigit() and int(window) > 0):
+        raise DflashError(f"DFLASH_DRAFT_WINDOW={window!r}: must be a positive number of keys")
     return Tuning(graphs=_flag(env, "DFLASH_GRAPHS", True), kernels=_flag(env, "DFLASH_KERNELS", True), gemm=gemm,
                   pdl=_flag(env, "DFLASH_PDL", True), queue_ahead=_flag(env, "DFLASH_QUEUE_AHEAD", True),
                   block_trace=_flag(env, "DFLASH_BLOCK_TRACE", False),
                   kernel_cache=Path(cache) if cache else Tuning.kernel_cache,
-                  registry=Path(registry) if registry else None, debug=bool(env.get("DFLASH_DEBUG")))
+                  registry=Path(registry) if registry else None, debug=bool(env.get("DFLASH_DEBUG")),
+                  draft_window=int(window) if window else None)
 
 
 try:
