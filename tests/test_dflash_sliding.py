@@ -11,6 +11,7 @@ import torch
 from dflash_cli import tuning
 from dflash_cli.errors import DflashError
 from dflash_cli.layers import ops
+from dflash_cli.loading.config import Qwen3Config
 from dflash_cli.models.dflash import SLIDING_SEMANTICS, DFlashConfig, DFlashDrafter, LayerAttention
 from dflash_cli.models.qwen3 import Qwen3Model
 from dflash_cli.runtime.drafters import LOADERS
@@ -177,6 +178,8 @@ def test_config_names_its_attention_rule_and_refuses_unknown_layer_types(target,
                        (dict(sliding_fields(0)), "sliding_window must be a positive")):
         with pytest.raises(DflashError, match=match):
             DFlashConfig(dict(base, **bad), path)
+    with pytest.raises(DflashError, match="sliding-window attention is not supported"):  # targets: still refused
+        Qwen3Config.from_dict(dict(cfg, sliding_window=64, use_sliding_window=True), path)
 
 
 def test_window_masks_of_the_eager_and_static_forms_agree():
