@@ -28,6 +28,10 @@ class Tuning:
     # DFLASH_FORCE_TAU (benchmarks only): a speculative `generate` commits this many tokens a step on average, the
     # target's own greedy continuation forced into its drafts (bench/forced.py): the product path at a chosen τ.
     force_tau: float | None = None
+    # DFLASH_DRAFT_WINDOW: a sliding window (keys) for every DFlash drafter layer that has none (all of a Qwen3
+    # drafter's): bounds the drafter's attention on long prompts; the drafter was not trained with it, so acceptance
+    # can drop (docs/dflash-sliding-window.md)
+    draft_window: int | None = None
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -46,12 +50,15 @@ def read(env: Mapping[str, str] = os.environ) -> Tuning:
         raise DflashError(f"DFLASH_GEMM={gemm!r}: must be one of {', '.join(GEMMS)}")
     cache, registry = env.get("DFLASH_KERNEL_CACHE"), env.get("DFLASH_REGISTRY")
     force_tau = _tau(env.get("DFLASH_FORCE_TAU"))
+    window = env.get("DFLASH_DRAFT_WINDOW") or None
+    if window is not None and not (window.isdigit() and int(window) > 0):
+        raise DflashError(f"DFLASH_DRAFT_WINDOW={window!r}: must be a positive number of keys")
     return Tuning(graphs=_flag(env, "DFLASH_GRAPHS", True), kernels=_flag(env, "DFLASH_KERNELS", True), gemm=gemm,
                   pdl=_flag(env, "DFLASH_PDL", True), queue_ahead=_flag(env, "DFLASH_QUEUE_AHEAD", True),
                   block_trace=_flag(env, "DFLASH_BLOCK_TRACE", False),
                   kernel_cache=Path(cache) if cache else Tuning.kernel_cache,
                   registry=Path(registry) if registry else None, debug=bool(env.get("DFLASH_DEBUG")),
-                  force_tau=force_tau)
+                  force_tau=force_tau, draft_window=int(window) if window else None)
 
 
 def _tau(raw: str | None) -> float | None:

@@ -177,3 +177,53 @@ def test_kernels_match_reference_in_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+WINDOWED = textwrap.dedent("""
+    import torch
+    from dflash_cli.layers import ops
+    from dflash_cli.kernels import attention, prefill_attention
+    torch.manual_seed(0)
+    def rel(a, b):
+        return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+    # A sliding layer's rows (a DFlash drafter's block): keys from `low` on only. Causal and non-causal blocks, a
+    # window shorter than the block, splits wholly below every row's low (nothing loaded) and split across.
+    attention.SPLIT, attention.PROGRAMS = 64, 8
+    prefill_attention._shared_memory = lambda device: 0
+    for t, h, kv, s, start, w, causal in ((4, 4, 2, 300, 250, 100, True), (4, 4, 2, 300, 250, 3, False),
+                                          (8, 8, 2, 300, 120, 70, True), (1, 4, 2, 300, 200, 5, True),
+                                          (70, 4, 2, 200, 100, 40, True), (70, 4, 2, 200, 100, 90, False)):
+        q, k, v = torch.randn(t, h, 16), torch.randn(s, kv, 16), torch.randn(s, kv, 16)
+        pos = torch.arange(start, start + t)
+        limit = pos if causal else torch.minimum(pos[-1:].expand(t), pos + w - 1)
+        low = pos - (w - 1)
+        keys = torch.arange(s)[None, :]
+        ref = ops.attention_masked(q, k, v, (keys <= limit[:, None]) & (keys >= low[:, None]), 0.25)
+        kernel = attention if attention.supports(q, k, v) else prefill_attention
+        if kernel is prefill_attention:
+            q, k, v = torch.randn(t, h, 64), torch.randn(s, kv, 64), torch.randn(s, kv, 64)
+            ref = ops.attention_masked(q, k, v, (keys <= limit[:, None]) & (keys >= low[:, None]), 0.25)
+        assert rel(kernel.attention_window(q, k, v, limit, 0.25, low), ref) <= 1e-5, (t, w, causal)
+        assert rel(kernel.attention_window(q, k, v, limit, 0.25), ref) > 1e-3  # the window mattered
+    # Straight from the projection (the fresh split kernel), a causal sliding block.
+    t, h, kv, d, pos0, window, w = 4, 4, 2, 16, 120, 200, 50
+    qkv = torch.randn(t, (h + 2 * kv) * d)
+    qf, kf, vf = (a.reshape(t, -1, d) for a in qkv.split([h * d, kv * d, kv * d], -1))
+    wq, wk = 1 + 0.1 * torch.randn(d), 1 + 0.1 * torch.randn(d)
+    cos, sin = ops.rope_tables(d, 10000.0, 512, "cpu")
+    kc, vc = torch.randn(window + 8, kv, d), torch.randn(window + 8, kv, d)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    pos = torch.arange(pos0, pos0 + t)
+    low = pos - (w - 1)
+    with ops.reference_only():
+        ref = ops.attend_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos, window, pos, 0.25, low=low)
+    got = attention.attention_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc, vc, pos, window, pos, 0.25, low=low)
+    assert rel(got, ref) <= 1e-5 and rel(kc, kc_ref) <= 1e-6 and torch.equal(vc, vc_ref)
+    print("ok")
+""")
+
+
+def test_sliding_window_kernels_match_reference_in_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", WINDOWED], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

@@ -40,12 +40,16 @@ DFLASH = {
     "A-b4": ("A", dict(seed=31, layers=1, block_size=4, target_layer_ids=[1, 2])),
     "A-b8": ("A", dict(seed=32, layers=2, block_size=8, target_layer_ids=[0, 2])),
     "B-b6": ("B", dict(seed=33, layers=1, block_size=6, target_layer_ids=[1])),
+    # z-lab's Qwen3.5 drafters' layout: sliding-window layers (causal in the block) and a full one; a window shorter
+    # than the contexts.
+    "A-b4-swa": ("A", dict(seed=34, layers=2, block_size=4, target_layer_ids=[1, 2], sliding_window=5,
+                           use_sliding_window=True, layer_types=["sliding_attention", "full_attention"])),
 }
 EAGLE3 = {
     "A-v200": ("A", dict(seed=41, draft_vocab=200)),
     "B-v384-hd24": ("B", dict(seed=42, draft_vocab=384, head_dim=24)),
 }
-DFLASH_LENS = {"A-b4": [None, 1, 2], "A-b8": [None, 3, 5], "B-b6": [None, 2, 4]}
+DFLASH_LENS = {"A-b4": [None, 1, 2], "A-b8": [None, 3, 5], "B-b6": [None, 2, 4], "A-b4-swa": [None, 2]}
 EAGLE3_LENS = {"A-v200": [1, 3, 6], "B-v384-hd24": [2, 5, None]}  # None: the proposer's most
 
 
@@ -355,7 +359,7 @@ def test_partly_right_drafts_are_rolled_back_at_every_position(zoo, target, prom
 
 
 @pytest.mark.parametrize("drafter,prompt_idx,draft_len,seed",
-                         [("A-b4", 2, None, 0), ("A-b8", 4, 6, 1), ("B-b6", 7, None, 2),
+                         [("A-b4", 2, None, 0), ("A-b8", 4, 6, 1), ("B-b6", 7, None, 2), ("A-b4-swa", 8, None, 6),
                           ("A-v200", 3, 5, 3), ("B-v384-hd24", 6, 8, 4), ("B-v384-hd24", 0, 2, 5)])
 def test_real_drafter_steered_by_oracle_keeps_consistent_caches(zoo, drafter, prompt_idx, draft_len, seed):
     target = zoo.target_of(drafter)

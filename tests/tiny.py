@@ -148,8 +148,9 @@ def save_sharded(tensors: dict[str, torch.Tensor], out: Path, shards: int = 1) -
 
 
 def make_dflash(out: Path, target_cfg: dict, seed: int = 1, layers: int = 2, block_size: int = 8,
-                target_layer_ids=None, mask_token_id=None, std: float = 0.08) -> Path:
-    """A random DFlash drafter in z-lab's layout (Qwen3 layers + fc + hidden_norm + norm)."""
+                target_layer_ids=None, mask_token_id=None, std: float = 0.08, **extra) -> Path:
+    """A random DFlash drafter in z-lab's layout (Qwen3 layers + fc + hidden_norm + norm). extra: more config fields
+    (e.g. layer_types, sliding_window, use_sliding_window for sliding-window layers)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_target = target_cfg["num_hidden_layers"]
@@ -157,7 +158,7 @@ def make_dflash(out: Path, target_cfg: dict, seed: int = 1, layers: int = 2, blo
     cfg = dict(target_cfg, architectures=["DFlashDraftModel"], num_hidden_layers=layers, num_target_layers=n_target,
                block_size=block_size,
                dflash_config={"mask_token_id": mask_token_id if mask_token_id is not None else target_cfg["vocab_size"] - 1,
-                              "target_layer_ids": ids})
+                              "target_layer_ids": ids}, **extra)
     g = torch.Generator().manual_seed(seed)
     layer_tensors = random_qwen3_tensors(dict(cfg, vocab_size=1, tie_word_embeddings=True), seed, std)
     t = {k[len("model."):]: v for k, v in layer_tensors.items() if k.startswith("model.layers.")}

@@ -18,7 +18,10 @@ merge programs, so that each reads all its splits in one load (merge_shape).
 A decode step's q, k and v can come straight from the projection (attention_fresh):
 the split programs then do the q/k norm, RoPE and cache write themselves. In a
 decode step over a window of up to 4096 keys, the split and the merge let the
-kernels after them launch early.
+kernels after them launch early. A sliding-window layer (a DFlash drafter's) also
+passes `low`, the first key each row sees: a specialisation of its own (WINDOWED),
+so full-attention layers compile the kernels they did; keys below every row's low
+are not loaded.
 """
 
 from __future__ import annotations
@@ -93,10 +96,13 @@ def _norm_rope_rows(base, mask, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constex
 
 
 @triton.jit
-def _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc):
-    """One key block (keys k, values v at positions offs_s) into the rows' online softmax (m_i, l_i, acc)."""
+def _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc, low, WINDOWED: tl.constexpr):
+    """One key block (keys k, values v at positions offs_s) into the rows' online softmax (m_i, l_i, acc); WINDOWED:
+    keys below the rows' low are masked too."""
     s = tl.dot(q, tl.trans(k)) * scale
     s = tl.where(offs_s[None, :] <= lim[:, None], s, float("-inf"))
+    if WINDOWED:
+        s = tl.where(offs_s[None, :] >= low[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp(s - m_safe[:, None])
@@ -191,7 +197,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                   FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
                   ROWS: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr = False,
                   warm_ptr=None, warm_bytes=0, WARM: tl.constexpr = False, WARM_STEPS: tl.constexpr = 1,
-                  WARM_THREADS: tl.constexpr = 128):
+                  WARM_THREADS: tl.constexpr = 128, low_ptr=None, WINDOWED: tl.constexpr = False):
     # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
     # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
     # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
@@ -253,11 +259,17 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
     if not EARLY:
         lim = tl.load(limit_ptr + t * stride_lt, mask=rmask, other=-1)
         max_lim = tl.max(lim, axis=0)
+    if WINDOWED:  # a sliding layer: the first key each row sees (low_ptr [T], contiguous); none below any row's
+        low = tl.load(low_ptr + t, mask=rmask, other=0)
+        min_low = tl.min(tl.where(rmask, low, max_lim), axis=0)
+    else:
+        low = lim
+        min_low = 0
     m_i = tl.full((BLOCK_R,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_R,), tl.float32)
     acc = tl.zeros((BLOCK_R, D), tl.float32)
     if EARLY:
-        m_i, l_i, acc = _attend_block(q, k_0, v_0, offs_0, lim, scale, m_i, l_i, acc)
+        m_i, l_i, acc = _attend_block(q, k_0, v_0, offs_0, lim, scale, m_i, l_i, acc, low, WINDOWED)
     # Windows of up to GRID_KEYS keys cut every length into their own split (HOST_SPLIT): a loop of a fixed trip
     # count, pipelined and unrolled as it compiles best (a second, dynamic loop beside it cost decode at ctx 8192 7%).
     # Longer windows cut the length (DYNAMIC).
@@ -265,20 +277,24 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
         for i in range(1 if EARLY else 0, tl.where(live, split // BLOCK_S, 0)):
             offs_s = sp * split + i * BLOCK_S + tl.arange(0, BLOCK_S)
             smask = offs_s <= max_lim  # masked-off rows cost no memory traffic
+            if WINDOWED:
+                smask = smask & (offs_s >= min_low)
             k = tl.load(k_ptr + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
                         mask=smask[:, None], other=0.0)
             v = tl.load(v_ptr + offs_s[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
                         mask=smask[:, None], other=0.0)
-            m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc)
+            m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc, low, WINDOWED)
     else:
         for i in range(1 if EARLY else 0, HOST_SPLIT // BLOCK_S):
             offs_s = sp * HOST_SPLIT + i * BLOCK_S + tl.arange(0, BLOCK_S)
             smask = offs_s <= max_lim  # past the length: nothing loaded
+            if WINDOWED:
+                smask = smask & (offs_s >= min_low)
             k = tl.load(k_ptr + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :],
                         mask=smask[:, None], other=0.0)
             v = tl.load(v_ptr + offs_s[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
                         mask=smask[:, None], other=0.0)
-            m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc)
+            m_i, l_i, acc = _attend_block(q, k, v, offs_s, lim, scale, m_i, l_i, acc, low, WINDOWED)
     if WARM:  # after the keys: the request waits on l_i, which they made
         _warm_share(warm_ptr, warm_bytes, tl.max(l_i, axis=0), WARM_STEPS, WARM_THREADS)
     base = (kvh * NSPLIT + sp) * ROWS
@@ -357,10 +373,10 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+                     scale: float, low: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, H, D]; k, v [S, KV, D] (the window); limit [T] int64 (any stride: a broadcast one for a
-    non-causal block) -> [T, H*D]."""
-    return _attend(q, k, v, limit, scale, None)
+    non-causal block); low [T] int64 or None: a sliding layer's first key a row sees -> [T, H*D]."""
+    return _attend(q, k, v, limit, scale, None, low=low)
 
 
 def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
@@ -374,16 +390,16 @@ def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
 
 
 def attention_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
-                    limit, scale: float, warm=None) -> torch.Tensor:
+                    limit, scale: float, warm=None, low=None) -> torch.Tensor:
     """ops.qk_norm_rope_write then attention_window over the cache's first `window` rows, in the split kernel:
     q, k, v [T, heads, D] straight from the projection, positions [T] consecutive, cos/sin whole tables. warm: (a
     uint8 tensor, bytes) that a decode row's split programs ask into L2 once their keys are in (ops.split_warm), or
-    None."""
+    None. low: as attention_window's."""
     fresh = (k, v, q_weight, k_weight, eps, cos, sin, positions)
-    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh, warm)
+    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh, warm, low)
 
 
-def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
+def _attend(q, k, v, limit, scale, fresh, warm=None, low=None) -> torch.Tensor:
     t, h, d = q.shape
     s, kv, _ = k.shape
     g = h // kv
@@ -424,6 +440,8 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
         share = (triton.cdiv(warm[1], kv * nsplit * blocks) + 15) // 16 * 16  # a program's, as _warm_share cuts it
         warm_steps = triton.cdiv(share, threads * 4096)
     grid = (kv, nsplit, blocks)
+    # A sliding layer's lower key limit: its own specialisation; full layers launch the kernel they always did.
+    windowed = {} if low is None else dict(low_ptr=low.contiguous(), WINDOWED=True)
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                         kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
@@ -432,7 +450,7 @@ def _attend(q, k, v, limit, scale, fresh, warm=None) -> torch.Tensor:
                         warm_ptr=warm[0] if warm else k, warm_bytes=warm[1] if warm else 0, WARM=warm is not None,
                         WARM_STEPS=warm_steps, WARM_THREADS=threads,
                         **block_trace.args("split", grid, q),
-                        **launch_options(q.device, launch_early, trigger=chain), **tuning)
+                        **launch_options(q.device, launch_early, trigger=chain), **tuning, **windowed)
     dsplit, chunk = merge_shape(nsplit, d)
     grid = (kv, t * g, dsplit)
     _merge_kernel[grid](part_o, part_ml, out, limit, limit.stride(0), t, nsplit, out.stride(0), G=g, D=d,

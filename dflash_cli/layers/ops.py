@@ -344,20 +344,20 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cach
 
 
 def attend_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
-                 limit, scale: float, then=None) -> torch.Tensor:
+                 limit, scale: float, then=None, low=None) -> torch.Tensor:
     """qk_norm_rope_write (q, k, v straight from the projection; positions consecutive), then attention_window
     over the cache's first `window` rows with `limit`. One kernel on the GPU where the rows fit: the attention's
     split programs normalise and rotate q and the new keys themselves. then: the weight read after the attention,
     whose first rows a decode row's split programs ask into L2 once their keys are in (the caller names it where the
-    product before the attention did not warm them)."""
+    product before the attention did not warm them). low: as attention_window's."""
     if fast_kernels(q) and _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache):
         from ..kernels import attention as kernel
 
         if kernel.supports_fresh(q, k_cache, window):
             return kernel.attention_fresh(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
-                                          window, limit, scale, split_warm(then))
+                                          window, limit, scale, split_warm(then), low)
     q = qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions)
-    return attention_window(q, k_cache[:window], v_cache[:window], limit, scale)
+    return attention_window(q, k_cache[:window], v_cache[:window], limit, scale, low)
 
 
 # Bytes of the weight read after an attention (the o projection) that a decode row's split programs ask into L2 once
@@ -416,10 +416,12 @@ def attention(
     q_offset: int,
     causal: bool,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """q: [T, H, D]; k, v: [S, KV, D] with grouped heads. Returns [T, H*D].
 
-    With `causal`, query i sits at key position q_offset + i and sees keys up to it.
+    With `causal`, query i sits at key position q_offset + i and sees keys up to it. With `window` (a sliding
+    layer), it sees only keys less than `window` positions away: before it, and without `causal` after it too.
     """
     t, h, d = q.shape
     s, kvh, _ = k.shape
@@ -427,17 +429,19 @@ def attention(
     group = h // kvh
     kh = kh.repeat_interleave(group, dim=0)
     vh = vh.repeat_interleave(group, dim=0)
-    if causal and q_offset == 0 and t == s:
+    if causal and q_offset == 0 and t == s and window is None:
         # A whole prompt from position 0: the plain causal form (no mask tensor, equal head counts)
         # lets SDPA use its flash kernel instead of materialising [heads, T, T] scores.
         # 4-D [batch, heads, T, D]: with 3-D inputs SDPA falls back to its math kernel.
         out = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], is_causal=True, scale=scale)[0]
         return out.transpose(0, 1).reshape(t, h * d)
     mask = None
-    if causal:
+    if causal or window is not None:
         qpos = torch.arange(t, device=q.device)[:, None] + q_offset
         kpos = torch.arange(s, device=q.device)[None, :]
-        mask = kpos <= qpos
+        mask = kpos <= qpos if causal else kpos < qpos + (window or 0)
+        if window is not None:
+            mask = mask & (kpos > qpos - window)
     out = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], attn_mask=mask, scale=scale)[0]
     return out.transpose(0, 1).reshape(t, h * d)
 
@@ -456,17 +460,21 @@ def attention_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
 
 
 def attention_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limit: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+                     scale: float, low: torch.Tensor | None = None) -> torch.Tensor:
     """q: [T, H, D]; k, v: [S, KV, D] (a fixed window of the cache); limit: [T] device int64,
-    the last key index query row i sees. Returns [T, H*D]. Capturable in a CUDA graph."""
+    the last key index query row i sees; low (a sliding layer): [T] device int64, the first. Returns [T, H*D].
+    Capturable in a CUDA graph."""
     if fast_kernels(q):
         from ..kernels import attention as kernel
 
         if kernel.supports(q, k, v):
-            return kernel.attention_window(q, k, v, limit, scale)
+            return kernel.attention_window(q, k, v, limit, scale, low)
         from ..kernels import prefill_attention as many_rows  # rows past the split kernel's tile: a prefill
 
         if many_rows.supports(q, k, v):
-            return many_rows.attention_window(q, k, v, limit, scale)
-    visible = torch.arange(k.shape[0], device=k.device)[None, :] <= limit[:, None]
+            return many_rows.attention_window(q, k, v, limit, scale, low)
+    keys = torch.arange(k.shape[0], device=k.device)[None, :]
+    visible = keys <= limit[:, None]
+    if low is not None:
+        visible = visible & (keys >= low[:, None])
     return attention_masked(q, k, v, visible, scale)

@@ -4,6 +4,10 @@
 slices. `StaticSpan` holds positions in device memory and reads a fixed window
 of the cache under a mask, so a forward built on it can be captured once in a
 CUDA graph and replayed at any position.
+
+Both take `layer_masks` where a model's layers see different keys (a DFlash
+drafter's sliding-window layers): per layer an object with `causal` and
+`window` (models/dflash.LayerAttention); without it every layer follows `causal`.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from .kv_cache import KVCache
 
 
 class Span:
-    def __init__(self, cache: KVCache, start: int, rows: int, cos: torch.Tensor, sin: torch.Tensor, causal=True):
-        self.cache, self.start, self.causal = cache, start, causal
+    def __init__(self, cache: KVCache, start: int, rows: int, cos: torch.Tensor, sin: torch.Tensor, causal=True,
+                 layer_masks=None):
+        self.cache, self.start, self.causal, self.layer_masks = cache, start, causal, layer_masks
         self.cos, self.sin = cos[start : start + rows], sin[start : start + rows]
 
     def write(self, layer: int, k, v) -> None:
@@ -31,12 +36,15 @@ class Span:
 
     def attend(self, layer: int, q, k, v, scale: float) -> torch.Tensor:
         keys, values = self.cache.write(layer, self.start, k, v)
-        return ops.attention(q, keys, values, q_offset=self.start, causal=self.causal, scale=scale)
+        if self.layer_masks is None:
+            return ops.attention(q, keys, values, q_offset=self.start, causal=self.causal, scale=scale)
+        m = self.layer_masks[layer]
+        return ops.attention(q, keys, values, q_offset=self.start, causal=m.causal, scale=scale, window=m.window)
 
 
 class StaticSpan:
     def __init__(self, cache: KVCache, positions: torch.Tensor, window: int, cos: torch.Tensor,
-                 sin: torch.Tensor, causal=True):
+                 sin: torch.Tensor, causal=True, layer_masks=None):
         """positions: the rows' cache positions, device int64 [T]: consecutive, except in a padded prefill
         (padding rows first, at positions after the prompt's), whose rows are too many for the fresh kernel, the
         one that assumes consecutive positions; window: how many cache rows attention reads (> the last position)."""
@@ -46,6 +54,26 @@ class StaticSpan:
         # The last key each row sees: itself (causal) or the span's last row (a non-causal block; a broadcast
         # view, no kernel).
         self.limit = positions if causal else positions[-1:].expand(positions.shape[0])
+        # Per layer (layer_masks): (limit, the first key each row sees or None), made here, before any layer runs.
+        self.bounds = None
+        if layer_masks is not None:
+            made = {}
+            for m in layer_masks:
+                if (m.causal, m.window) not in made:
+                    made[m.causal, m.window] = self._bounds(m.causal, m.window)
+            self.bounds = [made[m.causal, m.window] for m in layer_masks]
+
+    def _bounds(self, causal: bool, window: int | None):
+        p = self.positions
+        limit = p if causal else p[-1:].expand(p.shape[0])
+        if window is None:
+            return limit, None
+        if not causal:  # a non-causal window reaches as far after the row as before it
+            limit = torch.minimum(limit, p + (window - 1))
+        return limit, p - (window - 1)
+
+    def _layer_bounds(self, layer: int):
+        return (self.limit, None) if self.bounds is None else self.bounds[layer]
 
     @functools.cached_property
     def cos(self) -> torch.Tensor:  # the rows' own [T, D], gathered only where a caller rotates by itself
@@ -73,9 +101,11 @@ class StaticSpan:
         """q/k straight from the projection: normalise, rotate, write k/v and attend (on the GPU the
         attention kernel does the norm, RoPE and cache write as well). then: the weight read after the attention, for
         the GPU to warm (ops.attend_fresh)."""
+        limit, low = self._layer_bounds(layer)
         return ops.attend_fresh(q, k, v, q_norm, k_norm, eps, *self.tables, self.cache.k[layer],
-                                self.cache.v[layer], self.positions, self.window, self.limit, scale, then)
+                                self.cache.v[layer], self.positions, self.window, limit, scale, then, low)
 
     def _attend_cache(self, layer: int, q, scale: float) -> torch.Tensor:
         w = self.window
-        return ops.attention_window(q, self.cache.k[layer, :w], self.cache.v[layer, :w], self.limit, scale)
+        limit, low = self._layer_bounds(layer)
+        return ops.attention_window(q, self.cache.k[layer, :w], self.cache.v[layer, :w], limit, scale, low)

@@ -48,14 +48,17 @@ class Qwen3Config:
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_dict(cls, raw: dict, path: Path, allowed_types=SUPPORTED_TARGETS) -> "Qwen3Config":
+    def from_dict(cls, raw: dict, path: Path, allowed_types=SUPPORTED_TARGETS,
+                  sliding: bool = False) -> "Qwen3Config":
+        """sliding: the caller reads the sliding-window fields itself (a DFlash drafter's per-layer windows,
+        models/dflash.py); otherwise a config with a window is refused."""
         model_type = raw.get("model_type")
         if model_type not in allowed_types:
             raise DflashError(
                 f"unsupported model_type '{model_type}' in {path}: dflash runs {', '.join(allowed_types)}"
             )
         _check_rope(raw, path)
-        if raw.get("use_sliding_window") and raw.get("sliding_window"):
+        if raw.get("use_sliding_window") and raw.get("sliding_window") and not sliding:
             raise DflashError(f"sliding-window attention is not supported ({path})")
         heads = int(_need(raw, "num_attention_heads", path))
         hidden = int(_need(raw, "hidden_size", path))

@@ -4,12 +4,16 @@ One forward fills a block [last committed token, mask, mask, ...] at once. Its
 keys/values are the block's own plus context rows: the target's hidden states
 from `target_layer_ids` (concatenated, projected by `fc`, normed by
 `hidden_norm`), each layer projecting them with its own k/v weights, k-normed
-and rotated at their absolute positions. Attention is non-causal. Context rows
-are cached across steps; only newly committed tokens' rows are appended.
+and rotated at their absolute positions. Attention is non-causal, except in
+sliding-window layers (`layer_types`), which are causal inside the block and
+see only keys less than `sliding_window` positions before the query
+(`LayerAttention`; docs/dflash-sliding-window.md says why). Context rows are
+cached across steps; only newly committed tokens' rows are appended.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,8 +25,57 @@ from ..loading.weights import load_tensors
 from .decoder import DecoderLayer, fold_norms, layer_shapes, project_kv, run_layers
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# What a sliding layer computes differs between z-lab's releases (docs/dflash-sliding-window.md). We follow the PyPI
+# `dflash` 0.1.0 reference, vLLM and SGLang: a sliding layer is causal inside the block and a block row at position p
+# sees keys at positions > p - sliding_window; full layers are non-causal; a config's `is_causal` (or
+# dflash_config's `is_causal` / `causal`) sets every layer's causality. z-lab's GitHub code before 0.1.0 kept every
+# layer non-causal and applied the window under flash-attn only.
+SLIDING_SEMANTICS = "dflash-0.1.0"
 
 
+@dataclass(frozen=True)
+class LayerAttention:
+    """Which keys a drafter layer's block rows see. causal: block row i sees the block's rows up to i (else the whole
+    block); window: keys at positions p - window < key position (and, non-causal, < p + window), None: all."""
+
+    type: str
+    causal: bool
+    window: int | None = None
+
+
+def layer_attention(raw: dict, block: dict, layers: int, path: Path,
+                    window: int | None = None) -> tuple[tuple[LayerAttention, ...], str]:
+    """Each layer's LayerAttention from the config's layer_types / sliding_window / use_sliding_window / is_causal,
+    as transformers' Qwen3Config and the 0.1.0 reference read them (the window only with use_sliding_window; without
+    layer_types, the layers from max_window_layers on slide), and the rule that set their causality. window: a
+    window for the layers that have none (the DFLASH_DRAFT_WINDOW knob: bounds a full-attention drafter's context
+    cost on long prompts)."""
+    size = raw.get("sliding_window") if raw.get("use_sliding_window") else None
+    types = raw.get("layer_types")
+    if types is None:
+        first = int(raw.get("max_window_layers", 28) or 0)  # transformers' default
+        types = ["sliding_attention" if size is not None and i >= first else "full_attention" for i in range(layers)]
+    if not isinstance(types, list) or len(types) != layers:
+        raise DflashError(f"{path}: layer_types must list one type for each of the {layers} layers")
+    unknown = sorted(set(types) - set(LAYER_TYPES))
+    if unknown:
+        raise DflashError(f"{path}: unsupported drafter layer type(s) {', '.join(map(str, unknown))} "
+                          f"(a DFlash drafter layer is {' or '.join(LAYER_TYPES)})")
+    for name, w in (("sliding_window", size), ("DFLASH_DRAFT_WINDOW", window)):
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise DflashError(f"{path}: {name} must be a positive number of keys (got {w!r})")
+    forced = block.get("is_causal", raw.get("is_causal", block.get("causal")))
+    if forced is not None:
+        rule = f"is_causal={bool(forced)} from the config: every layer"
+    else:
+        rule = f"{SLIDING_SEMANTICS}: sliding layers causal inside the block, full layers non-causal"
+    out = []
+    for t in types:
+        causal = bool(forced) if forced is not None else t == "sliding_attention"
+        w = size if t == "sliding_attention" else None
+        out.append(LayerAttention(t, causal, w if w is not None else window))
+    return tuple(out), rule
 
 
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -34,14 +87,15 @@ def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list
 
 
 class DFlashConfig:
-    def __init__(self, raw: dict, path: Path):
+    def __init__(self, raw: dict, path: Path, window: int | None = None):
+        """window: a sliding window for every layer that has none (layer_attention)."""
         arch = raw.get("architectures") or []
         block = raw.get("dflash_config") or {}
         if any(a.startswith("DFlash2") for a in arch) or any(k in block or k in raw for k in DFLASH2_MARKERS):
             raise DflashError(f"{path} is a DFlash 2 drafter (dynamic convolutions, candidate selector): not supported")
         if arch and not any("DFlash" in a for a in arch):
             raise DflashError(f"{path} is not a DFlash drafter (architectures: {', '.join(arch)})")
-        self.model = Qwen3Config.from_dict(raw, path)
+        self.model = Qwen3Config.from_dict(raw, path, sliding=True)
         get = lambda k, d=None: block.get(k, raw.get(k, d))  # noqa: E731 - dflash_config first, then top level
         self.num_target_layers = int(get("num_target_layers", 0)) or None
         layers = get("target_layer_ids")
@@ -59,6 +113,16 @@ class DFlashConfig:
         self.output_multiplier = float(get("output_multiplier", 1.0))
         softcap = get("final_logit_softcapping")
         self.softcap = float(softcap) if softcap else None
+        # Per layer: causal inside the block or not, and its window; `attention_rule` names what set them.
+        self.attention, self.attention_rule = layer_attention(raw, block, self.model.num_hidden_layers, path, window)
+
+    @property
+    def layer_masks(self) -> tuple[LayerAttention, ...] | None:
+        """The spans' per-layer masks, or None where every layer is the plain non-causal, unwindowed block (the
+        spans' `causal=False` alone)."""
+        if all(not a.causal and a.window is None for a in self.attention):
+            return None
+        return self.attention
 
 
 def checkpoint_shapes(c: DFlashConfig) -> dict[str, tuple[int, ...]]:
@@ -115,9 +179,10 @@ class DFlashDrafter:
         self.ctx_k_norms = torch.stack([layer.k_norm for layer in self.layers])
 
     @classmethod
-    def load(cls, path: Path, target) -> "DFlashDrafter":
+    def load(cls, path: Path, target, window: int | None = None) -> "DFlashDrafter":
+        """window: a sliding window for the layers that have none (DFlashConfig)."""
         path = Path(path)
-        c = DFlashConfig(read_json(path / "config.json", "drafter config"), path / "config.json")
+        c = DFlashConfig(read_json(path / "config.json", "drafter config"), path / "config.json", window)
         # Some exports prefix the drafter's own tensors with "model."; embeddings/head are the target's.
         tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device,
                                ignore_prefixes=("lm_head.", "embed_tokens.", "model.embed_tokens."),

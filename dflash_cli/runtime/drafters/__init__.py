@@ -10,10 +10,11 @@ from ...loading.config import read_json
 
 
 def _dflash(path: Path, target):
+    from ... import tuning
     from ...models.dflash import DFlashDrafter
     from .dflash import DFlashProposer
 
-    return DFlashProposer(DFlashDrafter.load(path, target))
+    return DFlashProposer(DFlashDrafter.load(path, target, window=tuning.KNOBS.draft_window))
 
 
 def _eagle3(path: Path, target):

@@ -41,7 +41,8 @@ class DFlashProposer(Drafter):
         # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
         if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
             def draft(ids, positions, window, mode=None):
-                span = StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False)
+                span = StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False,
+                                  layer_masks=m.c.layer_masks)
                 logits = m.block_logits(ids, span)
                 return logits if mode is None else self._sampled(logits, mode)  # sampled: drafts, q inside
 
@@ -85,7 +86,7 @@ class DFlashProposer(Drafter):
         block = [last] + [self.model.c.mask_token_id] * k
         if self.fast is not None:
             return self._proposal(self.fast(block, self.ctx_len, mode), mode, k)
-        span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
+        span = self._block_span(len(block))
         drafts = self._sampled(self.model.block_logits(upload(block, self.model.device), span), mode)
         return self._proposal(drafts, mode, k)
 
@@ -113,8 +114,13 @@ class DFlashProposer(Drafter):
         block = [last] + [self.model.c.mask_token_id] * n_draft
         if self.fast is not None:
             return self.fast(block, self.ctx_len)
-        span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
+        span = self._block_span(len(block))
         return self.model.block_logits(upload(block, self.model.device), span)
+
+    def _block_span(self, rows: int) -> Span:
+        """The eager span of a block at ctx_len: non-causal, or per layer as the drafter's config says."""
+        return Span(self.cache, self.ctx_len, rows, self.cos, self.sin, causal=False,
+                    layer_masks=self.model.c.layer_masks)
 
     def _sampled(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
         """Drafts drawn from the block's filtered rows [k, V], their q rows written to the sampler's buffer (where the
