@@ -158,3 +158,46 @@ def test_loading_errors(tmp_path):
     save_sharded(tensors, d)
     with pytest.raises(DflashError, match="missing tensors: model.layers.0.linear_attn.A_log"):
         Qwen35Model.load(d)
+
+
+def test_registry_entries():
+    from dflash_cli.registry import Registry
+
+    reg = Registry.load()
+    for size in ("0.8b", "2b", "4b", "9b"):
+        e = reg.entries[f"qwen3.5-{size}"]
+        assert e.target.ref == f"Qwen/Qwen3.5-{size.upper()}"
+        assert e.generation["top_k"] == 20 and e.generation["temperature"] == 1.0
+    assert reg.entries["qwen3.5-4b"].drafters["dflash"].ref == "z-lab/Qwen3.5-4B-DFlash"
+    assert reg.entries["qwen3.5-9b"].drafters["dflash"].ref == "z-lab/Qwen3.5-9B-DFlash"
+    assert not reg.entries["qwen3.5-0.8b"].drafters
+
+
+def test_synthetic_shapes():
+    """--synthetic's Qwen3.5 shapes (the text tower's parameters as published: 0.75B ... 8.95B), and a shrunk one runs."""
+    import math
+
+    from dflash_cli.synthetic import random_target, target_config, target_shapes
+
+    want = {"qwen3.5-0.8b": 0.752, "qwen3.5-2b": 1.882, "qwen3.5-4b": 4.206, "qwen3.5-9b": 8.954}
+    for name, billions in want.items():
+        cfg = target_config(name)
+        assert isinstance(cfg, Qwen35Config) and cfg.vocab_size == 248320 and cfg.rotary_dim == 64
+        assert abs(sum(math.prod(s) for s in target_shapes(cfg).values()) / 1e9 - billions) < 1e-3
+    model = random_target("qwen3.5-4b", "cpu", torch.float32, vocab_size=512, hidden_size=64, intermediate_size=96,
+                          num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                          head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=64)
+    assert isinstance(model, Qwen35Model)
+    out = model.forward(torch.tensor([1, 2, 3]), 0, model.new_cache(8))
+    assert out.logits.shape == (1, 512) and torch.isfinite(out.logits).all()
+
+
+def test_history_drops_thinking_the_template_opened():
+    """Qwen3.5's generation prompt opens the thinking block itself: the answer starts inside it."""
+    from dflash_cli.conversation import Conversation
+
+    conv = Conversation(tokenizer=None)
+    conv.add_exchange("q1", "let me think\n</think>\n\nfour")
+    conv.add_exchange("q2", "<think>\nhmm\n</think>\n\nfive")
+    conv.add_exchange("q3", "six")
+    assert [m["content"] for m in conv.messages[1::2]] == ["four", "five", "six"]
