@@ -148,3 +148,19 @@ def test_sampled_verify_runs(zoo):
     sampled = generate(Session(zoo["target"], MAX_LEN, path="static"), SpeculativeDecoder(proposer(zoo, "eagle3"), 4),
                        Request(zoo["prompts"][2], SamplingParams(temperature=0.8, seed=5), 16))
     assert len(res.tokens) == 16 and len(sampled.tokens) == 16 and all(0 <= t < VOCAB for t in sampled.tokens)
+
+
+def test_generate_cli_with_a_drafter_folder(tmp_path, cli):
+    """`dflash generate --draft FOLDER` on a hybrid target: the same greedy tokens as --draft none."""
+    target = make_qwen35(tmp_path / "target", seed=8, num_hidden_layers=4)
+    shape = qwen3_config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    drafter = make_dflash(tmp_path / "dflash", shape, seed=31, layers=1, block_size=4, target_layer_ids=[1, 2])
+    runs = {}
+    for draft in ("none", drafter):
+        r = cli("generate", "-m", target, "-p", "import torch", "--raw", "--temperature", "0", "--json", "-n", "24",
+                "--draft", draft, "--device", "cpu")
+        assert r.code == 0, r.err
+        runs[str(draft)] = r.json()
+    plain_run, spec_run = runs["none"], runs[str(drafter)]
+    assert spec_run["tokens"] == plain_run["tokens"] and spec_run["stats"]["draft_kind"] == "dflash"

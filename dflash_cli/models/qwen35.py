@@ -211,8 +211,8 @@ class Qwen35Model:
         q = ops.rms_norm(q.reshape(-1, nh, d), a.q_norm, c.rms_norm_eps)
         k = ops.rms_norm(k.reshape(-1, nkv, d), a.k_norm, c.rms_norm_eps)
         cos, sin = span.cos, span.sin  # [T, rotary_dim]
-        q = torch.cat([ops.apply_rope(q[..., :r], cos, sin), q[..., r:]], dim=-1)
-        k = torch.cat([ops.apply_rope(k[..., :r], cos, sin), k[..., r:]], dim=-1)
+        q = torch.cat([ops.apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]], dim=-1)
+        k = torch.cat([ops.apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]], dim=-1)
         out = span.attend(slot, q, k, v.reshape(-1, nkv, d), self.scale)
         return ops.linear(out * torch.sigmoid(gate), a.o)
 
