@@ -69,21 +69,42 @@ def ref_greedy(model, cfg, ids: list[int], steps: int) -> tuple[list[int], list[
     return tokens, logits
 
 
-@pytest.mark.parametrize("path", ["eager", "static"])
-def test_logits_prefill_and_cached_decode(hybrid, path):
+@pytest.mark.parametrize("path,prompt_len", [("eager", 11), ("static", 11), ("eager", 150), ("static", 150)])
+def test_logits_prefill_and_cached_decode(hybrid, path, prompt_len):
+    """150 rows: a prefill in chunks (layers/delta_rule.py), then row-by-row decode steps from its state."""
     d, ref, cfg = hybrid
     ours = Qwen35Model.load(d)
-    prompt = torch.randint(0, cfg.vocab_size, (11,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     with torch.no_grad():
         full = ref(torch.tensor([prompt])).logits[0]
     tokens, ref_logits = ref_greedy(ref, cfg, prompt, STEPS + 1)
-    session = Session(ours, 64, path=path)
+    session = Session(ours, 192, path=path)
     out = session.forward(prompt, all_logits=True)
     assert rel(out.logits, full) < 1e-4
     for i in range(STEPS):
         logits = session.forward([tokens[i]]).logits[-1]
         assert rel(logits, ref_logits[i + 1]) < 1e-4, f"decode step {i}"
     assert session.length == len(prompt) + STEPS
+
+
+def test_chunked_rule_equals_the_recurrence():
+    """The chunked prefill form against transformers' row-by-row reference, strong and weak decays, from a state."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
+
+    from dflash_cli.layers.delta_rule import chunked
+
+    g_ = torch.Generator().manual_seed(1)
+    t, h, dk, dv = 150, 3, 16, 8
+    q = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=g_), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(t, h, dk, generator=g_), dim=-1)
+    v = torch.randn(t, h, dv, generator=g_)
+    g = -torch.rand(t, h, generator=g_) * torch.tensor([0.01, 1.0, 20.0])  # per head: weak, medium, very strong
+    beta = torch.rand(t, h, generator=g_)
+    S0 = torch.randn(h, dk, dv, generator=g_)
+    want_o, want_S = torch_recurrent_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
+                                                      initial_state=S0[None], output_final_state=True)
+    o, S = chunked(q * dk**-0.5, k, v, g, beta, S0)
+    assert torch.allclose(o, want_o[0], atol=2e-5) and torch.allclose(S, want_S[0], atol=2e-5)
 
 
 def test_generate_cli_matches_transformers_greedy(hybrid, cli):

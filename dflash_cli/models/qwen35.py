@@ -11,7 +11,7 @@ A layer is Qwen3's pre-norm block, h + mixer(norm(h)), then h + MLP(norm(h)), wh
 
 Every RMSNorm scales by (1 + w) except the DeltaNet's gated one (plain w): the loader adds the one. The recurrence
 runs row by row in float32 on fixed shapes (capturable); the state and what a rewind needs live in
-layers/recurrent_state.py.
+layers/recurrent_state.py. Long prefills run the same rule in chunks (layers/delta_rule.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..layers import ops
+from ..layers import delta_rule, ops
 from ..layers.kv_cache import KVCache
 from ..layers.recurrent_state import HybridCache, RecurrentState
 from ..layers.spans import Span, StaticSpan
@@ -235,16 +235,18 @@ class Qwen35Model:
         g = m.neg_A * F.softplus(a.float() + m.dt_bias)  # [T, H_v], log-decay <= 0
         group = hv // hk
         qv, kv = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)  # value head j: key head j // group
-        S = state.S0[slot]
-        outs, deltas = [], []
-        for i in range(t):
-            S = S * g[i].exp()[:, None, None]
-            delta = (v[i] - torch.einsum("hkv,hk->hv", S, kv[i])) * beta[i][:, None]
-            S = S + kv[i][:, :, None] * delta[:, None, :]
-            outs.append(torch.einsum("hkv,hk->hv", S, qv[i]))
-            deltas.append(delta)
-        o = torch.stack(outs)  # [T, H_v, d_v]
-        if t <= state.max_rows:
+        if t > state.max_rows:  # a long prefill: chunks of rows at once (it keeps no rows: never held)
+            o, S = delta_rule.chunked(qv, kv, v, g, beta, state.S0[slot])
+        else:
+            S = state.S0[slot]
+            outs, deltas = [], []
+            for i in range(t):
+                S = S * g[i].exp()[:, None, None]
+                delta = (v[i] - torch.einsum("hkv,hk->hv", S, kv[i])) * beta[i][:, None]
+                S = S + kv[i][:, :, None] * delta[:, None, :]
+                outs.append(torch.einsum("hkv,hk->hv", S, qv[i]))
+                deltas.append(delta)
+            o = torch.stack(outs)  # [T, H_v, d_v]
             state.keep_rows(slot, mixed, k, torch.stack(deltas), g)
         if not hold:
             state.S[slot].copy_(S)
