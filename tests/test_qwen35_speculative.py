@@ -164,3 +164,22 @@ def test_generate_cli_with_a_drafter_folder(tmp_path, cli):
         runs[str(draft)] = r.json()
     plain_run, spec_run = runs["none"], runs[str(drafter)]
     assert spec_run["tokens"] == plain_run["tokens"] and spec_run["stats"]["draft_kind"] == "dflash"
+
+
+def test_served_prefix_reuse_on_a_hybrid_target(tmp_path):
+    """`dflash serve` keeps the longest prompt prefix its session holds; a recurrent state holds no older prefix than its
+    last forward, so the engine feeds the whole prompt again there: same tokens as a fresh engine."""
+    from dflash_cli.serve.engine_bridge import Engine, Job
+
+    target = make_qwen35(tmp_path / "target", seed=9, num_hidden_layers=4)
+    engine = Engine(str(target), "none", None, "cpu", "float32", context=128)
+    first = list(range(5, 25))
+    shared = first[:12] + [90, 91, 92]  # diverges inside the first prompt: before its last forward
+    extended = None
+    for prompt in (first, shared, "extend", shared[:14]):
+        if prompt == "extend":  # the chat case: the new prompt extends everything held
+            prompt = extended = engine.history + [7, 8]
+        got = engine.run(Job(list(prompt), 6, GREEDY, ignore_eos=True)).tokens
+        fresh = Engine(str(target), "none", None, "cpu", "float32", context=128)
+        assert got == fresh.run(Job(list(prompt), 6, GREEDY, ignore_eos=True)).tokens, prompt
+    assert extended is not None

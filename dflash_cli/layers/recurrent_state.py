@@ -88,6 +88,13 @@ class RecurrentState:
         self.start, self.rows = start, rows
         self.at = None if held else start + rows
 
+    def reaches(self, length: int) -> bool:
+        """Whether `settle` can bring the state to `length` (from 0, or within the last forward)."""
+        if length in (0, self.at):
+            return True
+        m = length - self.start - 1
+        return m == -1 or 0 <= m < self.rows <= self.max_rows
+
     def settle(self, length: int) -> None:
         """Make the state hold exactly the first `length` positions before the next forward: a committed length
         lowered since the last forward (rejected rows, a cut at a stop id, a dropped look-ahead, an interrupt)
@@ -98,13 +105,13 @@ class RecurrentState:
             self.clear()
             return
         m = length - self.start - 1  # the last kept row of the last forward
-        if m == -1:
-            self.restart()
-        elif 0 <= m < self.rows <= self.max_rows:
-            self.fold(m, self.rows)
-        else:
+        if not self.reaches(length):
             raise RuntimeError(f"recurrent state holds positions [0, {self.start + self.rows}) and cannot rewind to "
                                f"{length}: only within its last forward [{self.start}, {self.start + self.rows})")
+        if m == -1:
+            self.restart()
+        else:
+            self.fold(m, self.rows)
         self.at = length
 
 

@@ -132,6 +132,11 @@ class Session:
         if self.state is not None:
             self.state.clear()
 
+    def can_roll_back(self, length: int) -> bool:
+        """Whether the committed length may be lowered to `length`: always for a KV cache; a recurrent state only
+        to 0 or into its last forward (runtime code that keeps an older prefix must start over instead)."""
+        return self.state is None or self.state.reaches(length)
+
     def commit(self, length: int) -> None:
         """The committed length after a verify whose verdict kept its accepted rows inside the step (the KV past it
         is dropped by the length; a recurrent state was folded to it on the device: runtime/graphs.target_graphs)."""
