@@ -11,7 +11,9 @@ from .errors import DflashError
 from .loading.tokenizer import ChatTokenizer
 
 _SENTINEL = "\x00DFLASH-SENTINEL\x00"
-_THINK = re.compile(r"<think>.*?</think>\s*", re.S)
+# A leading thinking block: "<think>...</think>" as Qwen3 writes it, or "...</think>" where the template opened the
+# block itself (Qwen3.5's generation prompt ends in "<think>\n" when thinking is on).
+_THINK = re.compile(r"^\s*(?:<think>)?(?:(?!<think>).)*?</think>\s*", re.S)
 
 
 @dataclass

@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 
 from .errors import DflashError
-from .loading.config import Qwen3Config
-from .models.qwen3 import Qwen3Model, checkpoint_shapes
+from .loading.config import HYBRID_TARGETS, Qwen3Config, Qwen35Config
 
 CONFIG_DIR = Path(__file__).with_name("synthetic_configs")
 
@@ -27,9 +26,22 @@ def shipped_configs(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def qwen3_config(name: str, **over) -> Qwen3Config:
-    raw = dict(shipped_configs(name)["target"], **over)
-    return Qwen3Config.from_dict(raw, path=f"<synthetic {name}>")
+def target_config(name: str, **over) -> Qwen3Config:
+    """The entry's target config: Qwen3, or a Qwen3.5 hybrid (Qwen35Config) by its model_type."""
+    raw = dict(shipped_configs(name)["target"])
+    if raw.get("model_type") in HYBRID_TARGETS:
+        raw["text_config"] = dict(raw["text_config"], **over)  # the text tower's fields
+        return Qwen35Config.from_dict(raw, path=f"<synthetic {name}>")
+    return Qwen3Config.from_dict(dict(raw, **over), path=f"<synthetic {name}>")
+
+
+def target_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    """The target's checkpoint tensors and shapes (its model file's checkpoint_shapes)."""
+    if isinstance(cfg, Qwen35Config):
+        from .models.qwen35 import checkpoint_shapes
+    else:
+        from .models.qwen3 import checkpoint_shapes
+    return checkpoint_shapes(cfg)
 
 
 def random_tensors(shapes: dict[str, tuple[int, ...]], device, dtype, seed: int = 0, std: float = 0.02,
@@ -47,9 +59,12 @@ def random_tensors(shapes: dict[str, tuple[int, ...]], device, dtype, seed: int 
     return out
 
 
-def random_qwen3(name: str, device, dtype, seed: int = 0, **over) -> Qwen3Model:
-    cfg = qwen3_config(name, **over)
-    return Qwen3Model(cfg, random_tensors(checkpoint_shapes(cfg), device, dtype, seed), device, dtype)
+def random_target(name: str, device, dtype, seed: int = 0, **over):
+    """A random-weight target (Qwen3Model or Qwen35Model) with the entry's shapes."""
+    from .runtime.bundle import target_class
+
+    cfg = target_config(name, **over)
+    return target_class(cfg)(cfg, random_tensors(target_shapes(cfg), device, dtype, seed), device, dtype)
 
 
 def random_drafter(name: str, kind: str, target, seed: int = 1):

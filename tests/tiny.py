@@ -203,3 +203,94 @@ def make_eagle3(out: Path, target_cfg: dict, seed: int = 2, draft_vocab: int = 2
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     save_sharded(t, out)
     return out
+
+
+def qwen35_text_config(**over) -> dict:
+    """A tiny Qwen3.5 text tower: 3 Gated DeltaNet layers then 1 gated-attention layer, repeated."""
+    layers = over.pop("num_hidden_layers", 4)
+    cfg = {
+        "model_type": "qwen3_5_text", "vocab_size": 384, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512, "attention_bias": False, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        "eos_token_id": None,
+    }
+    cfg.update(over)
+    return cfg
+
+
+def random_qwen35_tensors(text: dict, seed: int = 0, std: float = 0.08) -> dict[str, torch.Tensor]:
+    """Text-tower tensors under model.language_model. (the published multimodal layout), lm_head at the top."""
+    g = torch.Generator().manual_seed(seed)
+    h, inter, v = text["hidden_size"], text["intermediate_size"], text["vocab_size"]
+    d, nh, nkv = text["head_dim"], text["num_attention_heads"], text["num_key_value_heads"]
+    hk, hv = text["linear_num_key_heads"], text["linear_num_value_heads"]
+    kd, vd = hk * text["linear_key_head_dim"], hv * text["linear_value_head_dim"]
+    conv_dim = 2 * kd + vd
+
+    def rnd(*shape, s=std):
+        return torch.randn(*shape, generator=g) * s
+
+    def zc(n):  # a (1 + w) norm's w
+        return 0.1 * torch.randn(n, generator=g)
+
+    p0 = "model.language_model."
+    t = {p0 + "embed_tokens.weight": rnd(v, h, s=1.0), p0 + "norm.weight": zc(h)}
+    for i, kind in enumerate(text["layer_types"]):
+        p = f"{p0}layers.{i}."
+        t.update({p + "input_layernorm.weight": zc(h), p + "post_attention_layernorm.weight": zc(h),
+                  p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
+                  p + "mlp.down_proj.weight": rnd(h, inter)})
+        if kind == "full_attention":
+            a = p + "self_attn."
+            t.update({a + "q_proj.weight": rnd(2 * nh * d, h), a + "k_proj.weight": rnd(nkv * d, h),
+                      a + "v_proj.weight": rnd(nkv * d, h), a + "o_proj.weight": rnd(h, nh * d),
+                      a + "q_norm.weight": zc(d), a + "k_norm.weight": zc(d)})
+        else:
+            a = p + "linear_attn."
+            # Decay rates from weak to very strong, as transformers initialises them (A in U(0.01, 16)).
+            A = torch.empty(hv).uniform_(0.01, 16, generator=g)
+            t.update({a + "in_proj_qkv.weight": rnd(conv_dim, h, s=0.2), a + "in_proj_z.weight": rnd(vd, h),
+                      a + "in_proj_b.weight": rnd(hv, h, s=0.3), a + "in_proj_a.weight": rnd(hv, h, s=0.3),
+                      a + "conv1d.weight": rnd(conv_dim, 1, text["linear_conv_kernel_dim"], s=0.5),
+                      a + "A_log": A.log(), a + "dt_bias": 1.0 + rnd(hv, s=0.5),
+                      a + "norm.weight": 1.0 + zc(text["linear_value_head_dim"]),
+                      a + "out_proj.weight": rnd(h, vd)})
+    if not text["tie_word_embeddings"]:
+        t["lm_head.weight"] = rnd(v, h, s=1.0)
+    return t
+
+
+def make_qwen35(out: Path, seed: int = 0, shards: int = 1, with_tokenizer: bool = True, extras: bool = True,
+                **over) -> Path:
+    """A random-weight Qwen3.5 checkpoint as the Hub publishes them (Qwen3_5ForConditionalGeneration: text tower
+    under model.language_model.), with dummy vision (model.visual.*) and MTP (mtp.*) tensors that a text target
+    must ignore where `extras`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = qwen35_text_config(**over)
+    cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+           "tie_word_embeddings": text["tie_word_embeddings"], "text_config": text,
+           "vision_config": {"model_type": "qwen3_5_vision", "depth": 1, "hidden_size": 32},
+           "image_token_id": 248056, "video_token_id": 248057}
+    if with_tokenizer:
+        tok = make_tokenizer(out)
+        im_end, eot = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
+        text["eos_token_id"] = im_end
+        (out / "generation_config.json").write_text(
+            json.dumps({"eos_token_id": [im_end, eot], "pad_token_id": eot, "temperature": 0.6, "top_p": 0.95,
+                        "top_k": 20}))
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    tensors = random_qwen35_tensors(text, seed)
+    if extras:
+        h = text["hidden_size"]
+        tensors.update({"model.visual.patch_embed.proj.weight": torch.zeros(32, 3, 2, 4, 4),
+                        "model.visual.blocks.0.attn.qkv.weight": torch.zeros(96, 32),
+                        "mtp.fc.weight": torch.zeros(h, 2 * h), "mtp.norm.weight": torch.zeros(h),
+                        "mtp.layers.0.self_attn.q_proj.weight": torch.zeros(8, h)})
+    save_sharded(tensors, out, shards)
+    return out

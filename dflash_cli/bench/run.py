@@ -95,11 +95,11 @@ class BenchTarget:
         # --prompts, else the entry's own set (the demo: Python), else the built-in mix
         self.prompts = load_prompts(o.prompts or (None if o.synthetic else entry.bench_prompts))
         if o.synthetic:
-            from ..synthetic import random_qwen3
+            from ..synthetic import random_target
 
             self.device = pick_device(o.device)
             self.dtype = pick_dtype(o.dtype, self.device)
-            self.model = random_qwen3(entry.name, self.device, self.dtype, seed=o.seed)
+            self.model = random_target(entry.name, self.device, self.dtype, seed=o.seed)
             g = torch.Generator().manual_seed(o.seed)
             self.prompt_ids = [torch.randint(0, self.model.cfg.vocab_size, (o.synthetic_prompt_len,), generator=g).tolist()
                                for _ in self.prompts]

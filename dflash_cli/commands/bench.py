@@ -19,15 +19,14 @@ def synthetic_memory(o: BenchOptions) -> tuple[float, str, str]:
     import torch
 
     from ..runtime.bundle import pick_device, pick_dtype
-    from ..models.qwen3 import checkpoint_shapes
     from ..registry import Registry
-    from ..synthetic import qwen3_config
+    from ..synthetic import target_config, target_shapes
 
     entry = Registry.load().resolve(o.model)
     device = pick_device(o.device)
     dtype = pick_dtype(o.dtype, device)
-    cfg = qwen3_config(entry.name)
-    params = sum(math.prod(s) for s in checkpoint_shapes(cfg).values())
+    cfg = target_config(entry.name)
+    params = sum(math.prod(s) for s in target_shapes(cfg).values())
     return params * torch.empty((), dtype=dtype).element_size(), device.type, str(dtype).replace("torch.", "")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import DflashError
 
 SUPPORTED_TARGETS = ("qwen3",)
+HYBRID_TARGETS = ("qwen3_5", "qwen3_5_text")  # Qwen3.5: Gated DeltaNet + gated attention (Qwen35Config)
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -100,3 +101,84 @@ def _check_rope(raw: dict, path: Path) -> None:
         kind = spec.get("rope_type", spec.get("type", "default"))
         if kind != "default":
             raise DflashError(f"unsupported {key} type '{kind}' in {path}: only plain RoPE is implemented")
+
+
+@dataclass(frozen=True)
+class Qwen35Config(Qwen3Config):
+    """Qwen3.5's text tower (`qwen3_5`'s `text_config`, or a flat `qwen3_5_text` config): Qwen3's fields for the
+    full-attention layers plus the Gated DeltaNet's, and which layer is which."""
+
+    layer_types: tuple[str, ...] = ()  # "linear_attention" (Gated DeltaNet) or "full_attention" per layer
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel_dim: int = 4
+    partial_rotary_factor: float = 0.25  # RoPE on the first head_dim * factor dims of q and k
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def linear_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+
+    @classmethod
+    def from_dict(cls, raw: dict, path: Path, allowed_types=HYBRID_TARGETS) -> "Qwen35Config":
+        model_type = raw.get("model_type")
+        if model_type not in allowed_types:
+            raise DflashError(f"unsupported model_type '{model_type}' in {path}: expected {', '.join(allowed_types)}")
+        text = raw.get("text_config") if model_type == "qwen3_5" else raw
+        if not isinstance(text, dict):
+            raise DflashError(f"config {path} lacks its text_config")
+        # The multimodal checkpoint's head is tied by the outer config's flag (transformers' _tied_weights_keys).
+        tied = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        base = Qwen3Config.from_dict(dict(text, model_type="qwen3", tie_word_embeddings=tied,
+                                          attention_bias=text.get("attention_bias", False)), path)
+        if text.get("hidden_act", "silu") != "silu":
+            raise DflashError(f"unsupported hidden_act '{text['hidden_act']}' in {path}: Qwen3.5 uses silu")
+        if not text.get("attn_output_gate", True):
+            raise DflashError(f"attention without its output gate is not supported ({path})")
+        if text.get("num_experts"):
+            raise DflashError(f"mixture-of-experts Qwen3.5 models are not supported ({path})")
+        layers = base.num_hidden_layers
+        types = text.get("layer_types")
+        if types is None:
+            every = int(text.get("full_attention_interval", 4))
+            types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
+        types = tuple(types)
+        if len(types) != layers or set(types) - {"linear_attention", "full_attention"}:
+            raise DflashError(f"config {path}: layer_types must name {layers} layers, each linear_attention or "
+                              f"full_attention")
+        rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+        factor = float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
+        fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+        cfg = cls(**dict(fields, extra=raw), layer_types=types,
+                  linear_num_key_heads=int(text.get("linear_num_key_heads", 16)),
+                  linear_num_value_heads=int(text.get("linear_num_value_heads", 32)),
+                  linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
+                  linear_value_head_dim=int(text.get("linear_value_head_dim", 128)),
+                  linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+                  partial_rotary_factor=factor)
+        if cfg.linear_num_value_heads % cfg.linear_num_key_heads or cfg.rotary_dim % 2 or cfg.rotary_dim < 2:
+            raise DflashError(f"config {path}: value heads must be a multiple of key heads, and the rotary dims even")
+        return cfg
+
+    @classmethod
+    def load(cls, model_dir: Path) -> "Qwen35Config":
+        path = Path(model_dir) / "config.json"
+        return cls.from_dict(read_json(path, "model config"), path)
+
+
+def target_config(model_dir: Path) -> Qwen3Config:
+    """The typed config of a target checkpoint, by its model_type: Qwen3 or a Qwen3.5 hybrid."""
+    path = Path(model_dir) / "config.json"
+    raw = read_json(path, "model config")
+    if raw.get("model_type") in HYBRID_TARGETS:
+        return Qwen35Config.from_dict(raw, path)
+    return Qwen3Config.from_dict(raw, path, allowed_types=SUPPORTED_TARGETS + HYBRID_TARGETS)

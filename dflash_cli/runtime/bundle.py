@@ -10,7 +10,7 @@ import torch
 from ..errors import DflashError
 from .sampling import SamplingParams
 from ..registry import ModelEntry
-from ..loading.config import Qwen3Config, read_json
+from ..loading.config import Qwen3Config, Qwen35Config, read_json, target_config
 from ..loading.tokenizer import ChatTokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -47,7 +47,7 @@ class Bundle:
     tokenizer: ChatTokenizer
     device: torch.device
     dtype: torch.dtype
-    model: object = None  # Qwen3Model, once load_model() ran
+    model: object = None  # Qwen3Model or Qwen35Model (by the config), once load_model() ran
 
     def context_limit(self) -> int:
         limit = self.cfg.max_position_embeddings
@@ -74,14 +74,23 @@ class Bundle:
 
     def load_model(self):
         """Load the target weights (the slow part; callers validate input first)."""
-        from ..models.qwen3 import Qwen3Model
-
         if self.model is None:
             try:
-                self.model = Qwen3Model.load(self.target_dir, device=self.device, dtype=self.dtype)
+                self.model = target_class(self.cfg).load(self.target_dir, device=self.device, dtype=self.dtype)
             except torch.cuda.OutOfMemoryError:
                 raise DflashError(f"not enough {self.device} memory to load {self.entry.target.ref} in {self.dtype}") from None
         return self.model
+
+
+def target_class(cfg: Qwen3Config):
+    """The model class that runs a target of this config: Qwen3, or the Qwen3.5 hybrid."""
+    if isinstance(cfg, Qwen35Config):
+        from ..models.qwen35 import Qwen35Model
+
+        return Qwen35Model
+    from ..models.qwen3 import Qwen3Model
+
+    return Qwen3Model
 
 
 def open_bundle(entry: ModelEntry, device: str | None, dtype: str | None) -> Bundle:
@@ -89,7 +98,7 @@ def open_bundle(entry: ModelEntry, device: str | None, dtype: str | None) -> Bun
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     target_dir = entry.target.path()
-    cfg = Qwen3Config.load(target_dir)
+    cfg = target_config(target_dir)
     tokenizer = ChatTokenizer(target_dir)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise DflashError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size} embeddings")

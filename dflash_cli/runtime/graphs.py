@@ -164,6 +164,9 @@ class Graphs:
         # which runs each prompt again and again, captures them (capture_prefills).
         self.capture_prefills = False
         self.prefill_graphs = PREFILL_GRAPHS  # how many prefill graphs are kept
+        # Run after a capture's warm-up run: undo what it did that its replay does again and must not find done
+        # (a recurrent state; KV rows are simply written again).
+        self.after_warmup = None
 
     def __call__(self, ids, start: int, *extra, positions=None):
         """Run on `ids` (host token ids, or a tensor of rows: device tensors are copied on the device) at
@@ -282,6 +285,8 @@ class Graphs:
         if feeds:
             step.ids.copy_(staged[0])
             step.positions.copy_(staged[1])
+        if self.after_warmup is not None:
+            self.after_warmup()
         carveout.apply()  # one L1 / shared split for every kernel of the step, before the capture
         # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a
         # capture, its teardown would invalidate the capture. Collect first, and not during.
@@ -326,9 +331,20 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
     def feeds(key) -> bool:
         return key[0] == 1 and bool(key[-1])
 
+    # A hybrid target (a recurrent state beside the KV): a verify leaves the state where it started and, once the
+    # verdict is in, folds in its accepted rows (n read from device memory), inside the step.
+    recurrent = getattr(model, "recurrent", False)
+
     def fn(ids, positions, window, capture, all_logits, accept=False):
         feed = (positions, fed) if accept and len(ids) == 1 else None
-        out = model.forward_static(ids, positions, cache, window, capture, all_logits)
-        return with_verdict(out, ids, accept, feed)
+        hold = recurrent and bool(accept) and len(ids) > 1
+        out = model.forward_static(ids, positions, cache, window, capture, all_logits, **({"hold": True} if hold else {}))
+        out = with_verdict(out, ids, accept, feed)
+        if hold:
+            model.commit_rows(cache, out.verdict[:1], len(ids))
+        return out
 
-    return Graphs(fn, model.device, cache.max_len, use_graphs, feeds, fed)
+    graphs = Graphs(fn, model.device, cache.max_len, use_graphs, feeds, fed)
+    if recurrent:
+        graphs.after_warmup = cache.state.restart  # a capture's warm-up run moved the state: the replay moves it again
+    return graphs

@@ -98,6 +98,9 @@ class Session:
             raise DflashError(f"context {max_len} exceeds the model's {limit} positions")
         self.model = model
         self.cache = model.new_cache(max_len)
+        # A hybrid target's recurrent state (layers/recurrent_state.py), None for an attention-only one: it cannot
+        # roll back by a lower length alone, so it settles to the committed length before each forward.
+        self.state = getattr(self.cache, "state", None)
         self.length = 0
         self.pending: list[int] = []
         if path is None:
@@ -126,6 +129,20 @@ class Session:
     def reset(self) -> None:
         self.length = 0
         self.pending = []
+        if self.state is not None:
+            self.state.clear()
+
+    def can_roll_back(self, length: int) -> bool:
+        """Whether the committed length may be lowered to `length`: always for a KV cache; a recurrent state only
+        to 0 or into its last forward (runtime code that keeps an older prefix must start over instead)."""
+        return self.state is None or self.state.reaches(length)
+
+    def commit(self, length: int) -> None:
+        """The committed length after a verify whose verdict kept its accepted rows inside the step (the KV past it
+        is dropped by the length; a recurrent state was folded to it on the device: runtime/graphs.target_graphs)."""
+        self.length = length
+        if self.state is not None:
+            self.state.at = length
 
     def fed_token(self, position: int) -> Fed | None:
         """The handle of the greedy token of the last one-row forward at `position`, where the graphs fed it on to the
@@ -139,8 +156,13 @@ class Session:
         n = 1 if isinstance(ids, Fed) else len(ids)
         if self.length + n > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")
+        held = bool(accept) and n > 1  # a verify: its verdict commits a prefix of its rows (`commit`)
+        if self.state is not None:
+            self.state.settle(self.length)
+            self.state.began(self.length, n, held)
         rows = None
-        if self.fast is not None and n > 1 and not accept and not torch.is_tensor(ids):
+        # Padding rows would run through a recurrent state: a hybrid target's prompts run at their own size.
+        if self.fast is not None and n > 1 and not accept and not torch.is_tensor(ids) and self.state is None:
             rows = prefill_rows(n, self.length, self.max_len)  # a prompt: padded to a size bucket
         if rows is not None and n <= MAX_ROWS:
             # A short prompt: its rows first, then padding at the positions after it (consecutive, as every step's
@@ -158,7 +180,10 @@ class Session:
                                       hidden=None if out.hidden is None else out.hidden[pad:])
         else:
             ids = upload(ids, self.device)
+            hold = {"hold": True} if held and self.state is not None else {}
             out = with_verdict(self.model.forward(ids, self.length, self.cache, capture=capture,
-                                                  all_logits=all_logits), ids, accept)
+                                                  all_logits=all_logits, **hold), ids, accept)
+            if hold:
+                self.model.commit_rows(self.cache, out.verdict[:1], n)
         self.length += n
         return out

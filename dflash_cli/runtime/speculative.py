@@ -89,7 +89,7 @@ class SpeculativeDecoder:
         n, bonus = verdict[0], verdict[1]
         nxt = self._queue_next(session, out.hidden, ids, start, k, n, bonus, budget, params, gen)
         n, bonus, *draft = outcome()
-        session.length = start + n + 1  # roll back the rejected drafts' KV
+        session.commit(start + n + 1)  # roll back the rejected drafts' KV (a recurrent state: folded in the step)
         if nxt is not None:
             self.proposer.commit(session.length)
             nxt.start = session.length

@@ -162,6 +162,8 @@ class Engine:
         if common == len(held) and held and (len(prompt) > common or s.pending):
             return list(prompt[common:]), s.length  # the chat case: the new prompt extends what is held
         keep = min(common, s.length, len(prompt) - 1)  # at least one prompt token is fed, for its logits
+        if not s.can_roll_back(keep):
+            keep = 0  # a hybrid target's recurrent state holds no older prefix: feed the whole prompt
         s.length, s.pending = keep, []
         if keep:
             self.decoder.sync(s)  # the drafter rolls back with the target (from 0, its prefill starts it afresh)

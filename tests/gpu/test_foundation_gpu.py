@@ -14,7 +14,7 @@ from dflash_cli.runtime.generation import PlainDecoder, Request, generate
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
 from dflash_cli.models.qwen3 import Qwen3Model, checkpoint_shapes
-from dflash_cli.synthetic import qwen3_config, random_tensors
+from dflash_cli.synthetic import target_config, random_tensors
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -33,7 +33,7 @@ def report(name, data):
 
 
 def test_bf16_cuda_agrees_with_fp32_cpu_reference_qwen3_4b_shapes():
-    cfg = qwen3_config("qwen3-4b", max_position_embeddings=4096)
+    cfg = target_config("qwen3-4b", max_position_embeddings=4096)
     shapes = checkpoint_shapes(cfg)
     w32 = random_tensors(shapes, "cuda", torch.float32, seed=0)
     gpu = Qwen3Model(cfg, {k: v.to(torch.bfloat16) for k, v in w32.items()}, "cuda", torch.bfloat16)

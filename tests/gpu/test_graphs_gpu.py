@@ -15,7 +15,7 @@ from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
-from dflash_cli.synthetic import random_drafter, random_qwen3
+from dflash_cli.synthetic import random_drafter, random_target
 
 from test_foundation_gpu import report
 
@@ -38,7 +38,7 @@ def near_tie(model, tokens, at, path):
 
 
 def test_graphs_match_eager_over_128_steps_qwen3_4b_shapes():
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
+    model = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
     g = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, model.cfg.vocab_size, (64,), generator=g).tolist()
     runs = {}
@@ -63,7 +63,7 @@ def test_prefill_graphs_match_eager_bf16():
     use, replayed on the later ones, and the second's prompts again on a fourth (the same logits, bit for bit). Against the
     eager forward (cuDNN attention, no padding) each use agrees to bf16 noise, and the greedy token is the same or a
     near-tie (the 300-token turn attends over the 2048 prompt's keys, so stale inputs or KV would show there)."""
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
+    model = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
     g = torch.Generator().manual_seed(5)
     prompts = [[torch.randint(0, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (2048, 300)]
                for _ in range(3)]
@@ -120,7 +120,7 @@ class Oracle(Drafter):
 def test_speculative_is_lossless_with_graphs_fp32(kind):
     # fp32 on the GPU (no TF32): decode and verify round alike up to rare near-ties.
     torch.backends.cuda.matmul.allow_tf32 = False
-    model = random_qwen3("qwen3-4b", "cuda", torch.float32, seed=3, max_position_embeddings=4096)
+    model = random_target("qwen3-4b", "cuda", torch.float32, seed=3, max_position_embeddings=4096)
     drafter = random_drafter("qwen3-4b", kind, model)
     proposer = DFlashProposer(drafter) if kind == "dflash" else Eagle3Proposer(drafter)
     g = torch.Generator().manual_seed(4)
@@ -143,7 +143,7 @@ def test_folded_dflash_drafter_matches_unfolded_bf16(monkeypatch):
     keys and values and draft logits up to bf16 rounding, on graphs, for a 16-row block and a 2-row one."""
     from dflash_cli.layers import ops
 
-    target = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
+    target = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
     folded = random_drafter("qwen3-4b", "dflash", target)
     monkeypatch.setattr(ops, "folds_norms", lambda device, dtype: False)
     plain = random_drafter("qwen3-4b", "dflash", target)

@@ -14,7 +14,7 @@ from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams, begin, probabilities
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
-from dflash_cli.synthetic import random_drafter, random_qwen3
+from dflash_cli.synthetic import random_drafter, random_target
 
 from test_foundation_gpu import report
 
@@ -26,7 +26,7 @@ QWEN3 = SamplingParams(temperature=0.6, top_p=0.95, top_k=20)  # the registry's 
 
 @pytest.fixture(scope="module")
 def models():
-    target = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
+    target = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
     return target, random_drafter("qwen3-4b", "dflash", target), random_drafter("qwen3-4b", "eagle3", target)
 
 

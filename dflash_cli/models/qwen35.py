@@ -1,0 +1,265 @@
+"""Qwen3.5 hybrid target: Gated DeltaNet layers interleaved with gated full attention (3 : 1).
+
+A layer is Qwen3's pre-norm block, h + mixer(norm(h)), then h + MLP(norm(h)), whose token mixer is either
+
+* gated attention: causal GQA with q/k RMSNorm and RoPE on the first `rotary_dim` dims of each head, its output
+  times sigmoid(gate), a per-head gate that q_proj emits beside the query; or
+* a Gated DeltaNet: a short causal depthwise conv + SiLU over [q | k | v], q and k L2-normalised (q also by
+  1/sqrt(d_k)), and per value head the delta rule with a scalar decay,
+      S <- e^g S;   δ = β (v - Sᵀk);   S <- S + k δᵀ;   o = Sᵀq,
+  with g = -exp(A_log) softplus(a + dt_bias), β = sigmoid(b); then a gated RMSNorm of o by silu(z) and out_proj.
+
+Every RMSNorm scales by (1 + w) except the DeltaNet's gated one (plain w): the loader adds the one. The recurrence
+runs row by row in float32 on fixed shapes (capturable); the state and what a rewind needs live in
+layers/recurrent_state.py. Long prefills run the same rule in chunks (layers/delta_rule.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..layers import delta_rule, ops
+from ..layers.kv_cache import KVCache
+from ..layers.recurrent_state import HybridCache, RecurrentState
+from ..layers.spans import Span, StaticSpan
+from ..loading.config import Qwen35Config
+from ..loading.weights import load_tensors
+from .qwen3 import ForwardOut
+
+TEXT = "model.language_model."  # the published multimodal checkpoints' text tower
+SKIPPED = ("model.visual.", "mtp.", "model.mtp.")  # vision tower and the multi-token-prediction head: not the target
+MAX_KEPT_ROWS = 32  # forwards of up to this many rows keep their rows for a rewind (runtime/graphs.MAX_ROWS)
+
+
+def checkpoint_shapes(cfg: Qwen35Config) -> dict[str, tuple[int, ...]]:
+    """Our tensor names (the text tower's, under model.) and their shapes."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"model.layers.{i}."
+        shapes.update({
+            f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,),
+            f"{p}mlp.gate_proj.weight": (cfg.intermediate_size, h), f"{p}mlp.up_proj.weight": (cfg.intermediate_size, h),
+            f"{p}mlp.down_proj.weight": (h, cfg.intermediate_size),
+        })
+        if kind == "full_attention":
+            a = f"{p}self_attn."
+            shapes.update({f"{a}q_proj.weight": (2 * nh * d, h), f"{a}k_proj.weight": (nkv * d, h),
+                           f"{a}v_proj.weight": (nkv * d, h), f"{a}o_proj.weight": (h, nh * d),
+                           f"{a}q_norm.weight": (d,), f"{a}k_norm.weight": (d,)})
+        else:
+            a, hv = f"{p}linear_attn.", cfg.linear_num_value_heads
+            kd, vd = cfg.linear_num_key_heads * cfg.linear_key_head_dim, hv * cfg.linear_value_head_dim
+            shapes.update({f"{a}in_proj_qkv.weight": (2 * kd + vd, h), f"{a}in_proj_z.weight": (vd, h),
+                           f"{a}in_proj_b.weight": (hv, h), f"{a}in_proj_a.weight": (hv, h),
+                           f"{a}conv1d.weight": (2 * kd + vd, 1, cfg.linear_conv_kernel_dim),
+                           f"{a}A_log": (hv,), f"{a}dt_bias": (hv,), f"{a}norm.weight": (cfg.linear_value_head_dim,),
+                           f"{a}out_proj.weight": (h, vd)})
+    return shapes
+
+
+def rename(name: str) -> str | None:
+    """A checkpoint tensor name -> ours (None: not part of the text model)."""
+    if name.startswith(SKIPPED) or name.endswith("rotary_emb.inv_freq"):
+        return None
+    return "model." + name[len(TEXT):] if name.startswith(TEXT) else name
+
+
+@dataclass
+class GatedAttention:
+    qkvg: torch.Tensor  # [q (H*D) | k (KV*D) | v (KV*D) | gate (H*D), hidden]: q_proj's per-head rows split apart
+    o: torch.Tensor
+    q_norm: torch.Tensor  # 1 + w
+    k_norm: torch.Tensor
+
+    @classmethod
+    def take(cls, t: dict, p: str, cfg: Qwen35Config) -> "GatedAttention":
+        nh, d = cfg.num_attention_heads, cfg.head_dim
+        # q_proj's rows are [q_0 | gate_0 | q_1 | gate_1 | ...], one head_dim block each.
+        q, gate = t.pop(f"{p}q_proj.weight").view(nh, 2, d, -1).unbind(1)
+        return cls(qkvg=torch.cat([q.reshape(nh * d, -1), t.pop(f"{p}k_proj.weight"), t.pop(f"{p}v_proj.weight"),
+                                   gate.reshape(nh * d, -1)]),
+                   o=t.pop(f"{p}o_proj.weight"), q_norm=1 + t.pop(f"{p}q_norm.weight"),
+                   k_norm=1 + t.pop(f"{p}k_norm.weight"))
+
+
+@dataclass
+class GatedDeltaNet:
+    proj: torch.Tensor  # [qkv (conv_dim) | z (H_v*d_v) | b (H_v) | a (H_v), hidden]
+    conv: torch.Tensor  # [conv_dim, K] depthwise, no bias
+    neg_A: torch.Tensor  # -exp(A_log), float32 [H_v]
+    dt_bias: torch.Tensor  # float32 [H_v]
+    norm: torch.Tensor  # [d_v], plain w
+    out: torch.Tensor
+
+    @classmethod
+    def take(cls, t: dict, p: str) -> "GatedDeltaNet":
+        proj = torch.cat([t.pop(f"{p}in_proj_{n}.weight") for n in ("qkv", "z", "b", "a")])
+        return cls(proj=proj, conv=t.pop(f"{p}conv1d.weight")[:, 0], neg_A=-t.pop(f"{p}A_log").float().exp(),
+                   dt_bias=t.pop(f"{p}dt_bias").float(), norm=t.pop(f"{p}norm.weight"), out=t.pop(f"{p}out_proj.weight"))
+
+
+@dataclass
+class Layer:
+    mixer: GatedAttention | GatedDeltaNet
+    slot: int  # its index among the layers of its kind (the KV cache's layer, or the recurrent state's)
+    input_norm: torch.Tensor  # 1 + w
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class Qwen35Model:
+    """Batch-size-1 Qwen3.5 text model. Layer states are addressed like transformers' `hidden_states` (0: the
+    embeddings, i: the output of layer i-1), as Qwen3Model's, so drafters capture them the same way."""
+
+    recurrent = True  # its cache holds a recurrent state: a verify's commit folds it (runtime/graphs.target_graphs)
+
+    def __init__(self, cfg: Qwen35Config, tensors: dict[str, torch.Tensor], device, dtype):
+        self.cfg, self.device, self.dtype = cfg, torch.device(device), dtype
+        self.embed = tensors.pop("model.embed_tokens.weight")
+        self.layers = []
+        slots = {"full_attention": 0, "linear_attention": 0}
+        for i, kind in enumerate(cfg.layer_types):
+            p = f"model.layers.{i}."
+            mixer = (GatedAttention.take(tensors, p + "self_attn.", cfg) if kind == "full_attention"
+                     else GatedDeltaNet.take(tensors, p + "linear_attn."))
+            self.layers.append(Layer(mixer, slots[kind], 1 + tensors.pop(p + "input_layernorm.weight"),
+                                     1 + tensors.pop(p + "post_attention_layernorm.weight"),
+                                     torch.cat([tensors.pop(p + "mlp.gate_proj.weight"),
+                                                tensors.pop(p + "mlp.up_proj.weight")]),
+                                     tensors.pop(p + "mlp.down_proj.weight")))
+            slots[kind] += 1
+        self.norm = 1 + tensors.pop("model.norm.weight")
+        self.lm_head = self.embed if cfg.tie_word_embeddings else tensors.pop("lm_head.weight")
+        self.scale = cfg.head_dim**-0.5
+        self.cos, self.sin = ops.rope_tables(cfg.rotary_dim, cfg.rope_theta, cfg.max_position_embeddings, self.device)
+
+    @classmethod
+    def load(cls, model_dir: Path, device="cpu", dtype=torch.float32) -> "Qwen35Model":
+        cfg = Qwen35Config.load(model_dir)
+        tensors = load_tensors(model_dir, checkpoint_shapes(cfg), dtype, device,
+                               ignore_prefixes=("lm_head.",) if cfg.tie_word_embeddings else (), rename=rename)
+        return cls(cfg, tensors, device, dtype)
+
+    def new_cache(self, max_len: int) -> HybridCache:
+        c = self.cfg
+        kv = KVCache.allocate(len(c.attention_layers), max_len, c.num_key_value_heads, c.head_dim, self.dtype,
+                              self.device)
+        conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
+        state = RecurrentState(len(c.linear_layers), conv_dim, c.linear_conv_kernel_dim, c.linear_num_key_heads,
+                               c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+                               MAX_KEPT_ROWS, self.dtype, self.device)
+        return HybridCache(kv, state)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return ops.logits(ops.rms_norm(h, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+
+    def forward(self, ids: torch.Tensor, start: int, cache: HybridCache, capture: Sequence[int] = (),
+                all_logits: bool = False, hold: bool = False) -> ForwardOut:
+        """Run `ids` ([T]) at positions [start, start+T): their KV into the cache, the state through them.
+        hold: leave the state where it started (a verify: `commit_rows` then keeps its accepted prefix)."""
+        return self.run(ids, Span(cache.kv, start, ids.shape[0], self.cos, self.sin), cache.state, capture,
+                        all_logits, hold)
+
+    def forward_static(self, ids: torch.Tensor, positions: torch.Tensor, cache: HybridCache, window: int,
+                       capture: Sequence[int] = (), all_logits: bool = False, hold: bool = False) -> ForwardOut:
+        """As `forward`, with the rows' positions in device memory (CUDA-graph capturable)."""
+        span = StaticSpan(cache.kv, positions, window, self.cos, self.sin)
+        return self.run(ids, span, cache.state, capture, all_logits, hold)
+
+    def commit_rows(self, cache: HybridCache, n, rows: int) -> None:
+        """After a held forward of `rows` rows: the state after its row n (device long [1] or int)."""
+        cache.state.fold(n, rows)
+
+    def run(self, ids, span, state: RecurrentState, capture: Sequence[int], all_logits: bool,
+            hold: bool) -> ForwardOut:
+        rows = ids.shape[0]
+        if hold and rows > state.max_rows:
+            raise ValueError(f"a held forward keeps at most {state.max_rows} rows")
+        state.begin()
+        h = self.embed[ids]
+        captured = {0: h} if 0 in capture else {}
+        eps = self.cfg.rms_norm_eps
+        for i, layer in enumerate(self.layers):
+            x = ops.rms_norm(h, layer.input_norm, eps)
+            if isinstance(layer.mixer, GatedAttention):
+                h = h + self.attention(layer.mixer, layer.slot, x, span)
+            else:
+                h = h + self.delta_net(layer.mixer, layer.slot, x, state, hold)
+            h = h + ops.linear(ops.swiglu(ops.rms_norm(h, layer.post_norm, eps), layer.gate_up), layer.down)
+            if i + 1 in capture:
+                captured[i + 1] = h
+        x = ops.rms_norm(h, self.norm, eps)
+        logits = ops.logits(x if all_logits else x[-1:], self.lm_head)
+        hidden = torch.cat([captured[j] for j in capture], dim=-1) if capture else None
+        return ForwardOut(logits=logits, hidden=hidden)
+
+    def attention(self, a: GatedAttention, slot: int, x: torch.Tensor, span) -> torch.Tensor:
+        """Gated attention of the rows x [T, hidden] (normed) -> [T, hidden]."""
+        c = self.cfg
+        d, nh, nkv, r = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.rotary_dim
+        q, k, v, gate = ops.linear(x, a.qkvg).split([nh * d, nkv * d, nkv * d, nh * d], dim=-1)
+        q = ops.rms_norm(q.reshape(-1, nh, d), a.q_norm, c.rms_norm_eps)
+        k = ops.rms_norm(k.reshape(-1, nkv, d), a.k_norm, c.rms_norm_eps)
+        cos, sin = span.cos, span.sin  # [T, rotary_dim]
+        q = torch.cat([ops.apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]], dim=-1)
+        k = torch.cat([ops.apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]], dim=-1)
+        out = span.attend(slot, q, k, v.reshape(-1, nkv, d), self.scale)
+        return ops.linear(out * torch.sigmoid(gate), a.o)
+
+    def delta_net(self, m: GatedDeltaNet, slot: int, x: torch.Tensor, state: RecurrentState,
+                  hold: bool) -> torch.Tensor:
+        """Gated DeltaNet of the rows x [T, hidden] (normed) from the state the forward began with -> [T, hidden].
+        Unless `hold`, the state moves past the rows; a forward of at most state.max_rows rows keeps them."""
+        c = self.cfg
+        hk, hv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        t, conv_dim, K = x.shape[0], m.conv.shape[0], m.conv.shape[1]
+        mixed, z, b, a = ops.linear(x, m.proj).split([conv_dim, hv * dv, hv, hv], dim=-1)
+        # The short causal conv over [the previous K-1 inputs ; these rows], per channel, then SiLU.
+        window = torch.cat([state.conv0[slot], mixed], dim=0)  # [K - 1 + T, C]
+        conv = F.conv1d(window.t()[None], m.conv[:, None, :], groups=conv_dim)[0].t()  # [T, C]
+        q, k, v = F.silu(conv).split([hk * dk, hk * dk, hv * dv], dim=-1)
+        q = l2norm(q.float().reshape(t, hk, dk)) * dk**-0.5
+        k = l2norm(k.float().reshape(t, hk, dk))
+        v = v.float().reshape(t, hv, dv)
+        beta = torch.sigmoid(b).float()
+        g = m.neg_A * F.softplus(a.float() + m.dt_bias)  # [T, H_v], log-decay <= 0
+        group = hv // hk
+        qv, kv = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)  # value head j: key head j // group
+        if t > state.max_rows:  # a long prefill: chunks of rows at once (it keeps no rows: never held)
+            o, S = delta_rule.chunked(qv, kv, v, g, beta, state.S0[slot])
+        else:
+            S = state.S0[slot]
+            outs, deltas = [], []
+            for i in range(t):
+                S = S * g[i].exp()[:, None, None]
+                delta = (v[i] - torch.einsum("hkv,hk->hv", S, kv[i])) * beta[i][:, None]
+                S = S + kv[i][:, :, None] * delta[:, None, :]
+                outs.append(torch.einsum("hkv,hk->hv", S, qv[i]))
+                deltas.append(delta)
+            o = torch.stack(outs)  # [T, H_v, d_v]
+            state.keep_rows(slot, mixed, k, torch.stack(deltas), g)
+        if not hold:
+            state.S[slot].copy_(S)
+            state.conv[slot].copy_(window[-(K - 1):])
+        o = gated_rms_norm(o.to(x.dtype), z.reshape(t, hv, dv), m.norm, c.rms_norm_eps)
+        return ops.linear(o.reshape(t, hv * dv), m.out)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * rms_norm(x) * silu(z): normed in float32, rounded to x's dtype, scaled, then gated in float32."""
+    y = weight * ops.unit_rms_norm(x, eps)
+    return (y * F.silu(z.float())).to(x.dtype)

@@ -1,0 +1,185 @@
+"""Speculative decoding on a Qwen3.5 hybrid target is lossless: a verify keeps its accepted rows of the recurrent state
+(the closed-form fold, n read from device memory) and any later rollback (a stop id or max_tokens inside an accepted
+span, a dropped look-ahead) rewinds within the last forward. float32 on CPU, greedy speculative tokens equal plain
+greedy tokens, on the eager and the static (graph-capturable) paths, with DFlash, EAGLE-3 and scripted proposers that
+are rejected at every position; two chat turns on one session."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.eagle3 import Eagle3Drafter
+from dflash_cli.models.qwen35 import Qwen35Model
+from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+from dflash_cli.runtime.generation import PlainDecoder, Request, generate
+from dflash_cli.runtime.sampling import SamplingParams
+from dflash_cli.runtime.session import Session
+from dflash_cli.runtime.speculative import SpeculativeDecoder
+from test_speculative_lossless import Scripted, assert_same, check_steps
+from tiny import make_dflash, make_eagle3, make_qwen35, qwen3_config
+
+GREEDY = SamplingParams()
+MAX_LEN = 160
+VOCAB = 384
+LENGTHS = [1, 3, 8, 17, 40]  # 40: a prefill longer than a step's rows
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    target = Qwen35Model.load(make_qwen35(root / "target", seed=7, with_tokenizer=False, num_hidden_layers=4))
+    # The drafters see the target through its width, vocabulary and layer count only.
+    shape = qwen3_config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    dflash = DFlashDrafter.load(make_dflash(root / "dflash", shape, seed=31, layers=1, block_size=6,
+                                            target_layer_ids=[1, 2]), target)
+    eagle3 = Eagle3Drafter.load(make_eagle3(root / "eagle3", shape, seed=41, draft_vocab=200), target)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in LENGTHS]
+    return {"target": target, "dflash": dflash, "eagle3": eagle3, "prompts": prompts, "plain": {}}
+
+
+def plain(zoo, prompt, max_tokens, stops=()):
+    key = (tuple(prompt), max_tokens, tuple(stops))
+    if key not in zoo["plain"]:
+        session = Session(zoo["target"], MAX_LEN)
+        zoo["plain"][key] = generate(session, PlainDecoder(), Request(list(prompt), GREEDY, max_tokens, stops))
+    return zoo["plain"][key]
+
+
+def proposer(zoo, kind):
+    return DFlashProposer(zoo["dflash"]) if kind == "dflash" else Eagle3Proposer(zoo["eagle3"])
+
+
+def spec(zoo, prop, prompt, max_tokens, path, draft_len=None, stops=()):
+    decoder = SpeculativeDecoder(prop, draft_len)
+    res = generate(Session(zoo["target"], MAX_LEN, path=path), decoder,
+                   Request(list(prompt), GREEDY, max_tokens, stops))
+    check_steps(res, len(prompt), max_tokens, MAX_LEN, decoder.draft_len)
+    return res
+
+
+def test_fold_equals_the_sequential_state(zoo):
+    """The state after row n of a verify, folded from its kept rows, is the state a forward of rows 0..n leaves."""
+    model = zoo["target"]
+    ids = torch.tensor(zoo["prompts"][2])
+    for n in range(len(ids)):
+        a, b = model.new_cache(32), model.new_cache(32)
+        model.forward(ids[: n + 1], 0, a)
+        model.forward(ids, 0, b, hold=True)
+        model.commit_rows(b, torch.tensor([n]), len(ids))
+        assert torch.allclose(b.state.S, a.state.S, rtol=1e-5, atol=1e-6), n
+        assert torch.allclose(b.state.conv, a.state.conv, rtol=1e-5, atol=1e-6), n  # rows of other products: rounding
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+@pytest.mark.parametrize("kind,draft_len", [("dflash", None), ("dflash", 2), ("eagle3", 3), ("eagle3", 6)])
+def test_real_drafters_greedy_equals_plain(zoo, kind, draft_len, path):
+    for i, prompt in enumerate(zoo["prompts"]):
+        m = 20 + 3 * i
+        res = spec(zoo, proposer(zoo, kind), prompt, m, path, draft_len)
+        assert_same(res, plain(zoo, prompt, m))
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rejection_at_every_position(zoo, seed, path):
+    """Scripted drafts right for a prefix of every length 0..k of the block, wrong after: every accepted count."""
+    for prompt in zoo["prompts"][seed::2]:
+        m = 50  # at least 9 proposals: the first 9 emit at most 0 + 1 + ... + 8 + 9 = 45 tokens
+        truth = list(prompt) + plain(zoo, prompt, m + 24).tokens
+        drafter = Scripted(truth, VOCAB, max_draft=8, seed=seed, spread=8)
+        res = spec(zoo, drafter, prompt, m, path, 8)
+        assert_same(res, plain(zoo, prompt, m))
+        assert set(drafter.log) == set(range(9))  # rejected after each position, and fully accepted
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+def test_stop_inside_an_accepted_span_then_a_second_turn(zoo, path):
+    """A stop id inside an accepted span cuts it: the state rewinds into the verify; the next turn on the same session
+    (after the pending token) continues exactly as plain decoding's second turn does."""
+    prompt, second = zoo["prompts"][3], zoo["prompts"][1]
+    answer = plain(zoo, prompt, 60).tokens
+    # A token inside the oracle's first block (answer[1:9]; answer[0] comes from the prefill), seen first there.
+    cut = next(i for i in range(3, 8) if answer[i] not in answer[:i])
+    stop = answer[cut]
+
+    def turns(decoder, extra=0, between=None):
+        session = Session(zoo["target"], MAX_LEN, path=path)
+        first = generate(session, decoder, Request(list(prompt), GREEDY, 40, (stop,)))
+        if between:
+            between(decoder, session)
+        again = generate(session, decoder, Request(list(second), GREEDY, 20 + extra))
+        return first, again, session.length
+
+    first, again, length = turns(PlainDecoder(queue_ahead=True))
+    assert first.finish_reason == "stop" and first.tokens == answer[: cut + 1]
+    _, longer, _ = turns(PlainDecoder(), extra=16)  # the second answer past max_tokens, for the oracle
+
+    def second_oracle(decoder, session):  # the first oracle's truth went on past the stop
+        oracle = Scripted(list(prompt) + first.tokens + list(second) + longer.tokens, VOCAB, max_draft=8)
+        oracle.length = session.length
+        decoder.proposer = oracle
+
+    s_first, s_again, s_length = turns(SpeculativeDecoder(Scripted(list(prompt) + answer, VOCAB, max_draft=8), 8),
+                                       between=second_oracle)
+    assert s_first.steps[0].accepted == 8 and len(s_first.steps[0].emitted) == cut  # accepted rows after it dropped
+    assert (s_first.tokens, s_first.finish_reason, s_again.tokens, s_length) == (
+        first.tokens, first.finish_reason, again.tokens, length)
+
+
+def test_two_chat_turns_with_dflash(zoo):
+    a, b = zoo["prompts"][2], zoo["prompts"][0]
+    results = []
+    for make in (PlainDecoder, lambda: SpeculativeDecoder(proposer(zoo, "dflash"))):
+        session, decoder = Session(zoo["target"], MAX_LEN, path="static"), make()
+        results.append([generate(session, decoder, Request(list(p), GREEDY, 15)).tokens for p in (a, b)])
+    assert results[0] == results[1]
+
+
+def test_sampled_verify_runs(zoo):
+    """Temperature > 0: the sampled verdict's accepted count folds the state the same way (no crash, in range)."""
+    res = spec(zoo, proposer(zoo, "dflash"), zoo["prompts"][2], 16, "static")
+    sampled = generate(Session(zoo["target"], MAX_LEN, path="static"), SpeculativeDecoder(proposer(zoo, "eagle3"), 4),
+                       Request(zoo["prompts"][2], SamplingParams(temperature=0.8, seed=5), 16))
+    assert len(res.tokens) == 16 and len(sampled.tokens) == 16 and all(0 <= t < VOCAB for t in sampled.tokens)
+
+
+def test_generate_cli_with_a_drafter_folder(tmp_path, cli):
+    """`dflash generate --draft FOLDER` on a hybrid target: the same greedy tokens as --draft none."""
+    target = make_qwen35(tmp_path / "target", seed=8, num_hidden_layers=4)
+    shape = qwen3_config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    drafter = make_dflash(tmp_path / "dflash", shape, seed=31, layers=1, block_size=4, target_layer_ids=[1, 2])
+    runs = {}
+    for draft in ("none", drafter):
+        r = cli("generate", "-m", target, "-p", "import torch", "--raw", "--temperature", "0", "--json", "-n", "24",
+                "--draft", draft, "--device", "cpu")
+        assert r.code == 0, r.err
+        runs[str(draft)] = r.json()
+    plain_run, spec_run = runs["none"], runs[str(drafter)]
+    assert spec_run["tokens"] == plain_run["tokens"] and spec_run["stats"]["draft_kind"] == "dflash"
+
+
+def test_served_prefix_reuse_on_a_hybrid_target(tmp_path):
+    """`dflash serve` keeps the longest prompt prefix its session holds; a recurrent state holds no older prefix than its
+    last forward, so the engine feeds the whole prompt again there: same tokens as a fresh engine."""
+    from dflash_cli.serve.engine_bridge import Engine, Job
+
+    target = make_qwen35(tmp_path / "target", seed=9, num_hidden_layers=4)
+    engine = Engine(str(target), "none", None, "cpu", "float32", context=128)
+    first = list(range(5, 25))
+    shared = first[:12] + [90, 91, 92]  # diverges inside the first prompt: before its last forward
+    extended = None
+    for prompt in (first, shared, "extend", shared[:14]):
+        if prompt == "extend":  # the chat case: the new prompt extends everything held
+            prompt = extended = engine.history + [7, 8]
+        got = engine.run(Job(list(prompt), 6, GREEDY, ignore_eos=True)).tokens
+        fresh = Engine(str(target), "none", None, "cpu", "float32", context=128)
+        assert got == fresh.run(Job(list(prompt), 6, GREEDY, ignore_eos=True)).tokens, prompt
+    assert extended is not None
