@@ -24,7 +24,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.step_profile import prefilled_graphs  # noqa: E402
 from dflash_cli.kernels import block_trace  # noqa: E402
-from dflash_cli.synthetic import random_qwen3  # noqa: E402
+from dflash_cli.synthetic import random_target  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "1024"))
 ROLES = ("qkv", "o", "gate_up", "down")
@@ -138,7 +138,7 @@ def timeline(launches, model, label: str) -> None:
 
 def main():
     torch.manual_seed(0)
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
+    model = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0)
     _, _, graphs = prefilled_graphs(model, CTX)
     print(f"device {torch.cuda.get_device_name()}, traced build")
     for label, fn in ((f"decode ctx {CTX}", lambda: graphs([5], CTX, (), False, True)),

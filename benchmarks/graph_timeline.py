@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.step_profile import gpu_intervals, prefilled_graphs, profiled  # noqa: E402
-from dflash_cli.synthetic import random_qwen3  # noqa: E402
+from dflash_cli.synthetic import random_target  # noqa: E402
 
 CTX = 1024
 
@@ -66,7 +66,7 @@ def table(events, weights: dict, label: str) -> None:
 
 def main():
     torch.manual_seed(0)
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
+    model = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0)
     _, _, graphs = prefilled_graphs(model, CTX)
     layer = model.layers[0]
     nbytes = lambda w: w.numel() * w.element_size()  # noqa: E731

@@ -24,7 +24,7 @@ from dflash_cli.runtime.session import Session  # noqa: E402
 from dflash_cli.runtime.speculative import SpeculativeDecoder  # noqa: E402
 from dflash_cli.models.dflash import DFlashConfig, DFlashDrafter, checkpoint_shapes as draft_shapes  # noqa: E402
 from dflash_cli.models.qwen3 import Qwen3Model, checkpoint_shapes  # noqa: E402
-from dflash_cli.synthetic import qwen3_config, random_tensors, shipped_configs  # noqa: E402
+from dflash_cli.synthetic import target_config, random_tensors, shipped_configs  # noqa: E402
 
 PROMPT, NEW = 128, 128
 dev, bf = "cuda", torch.bfloat16
@@ -41,7 +41,7 @@ def main():
     from safetensors.torch import save_file
 
     raw = shipped_configs("qwen3-4b")
-    cfg = qwen3_config("qwen3-4b")
+    cfg = target_config("qwen3-4b")
     weights = random_tensors(checkpoint_shapes(cfg), dev, bf, seed=0)
     prompt = torch.randint(0, cfg.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
     rows = []

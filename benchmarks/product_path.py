@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from dflash_cli.models.dflash import DFlashConfig, checkpoint_shapes as dflash_shapes  # noqa: E402
 from dflash_cli.models.eagle3 import Eagle3Config  # noqa: E402
 from dflash_cli.models.qwen3 import checkpoint_shapes  # noqa: E402
-from dflash_cli.synthetic import qwen3_config, random_tensors, shipped_configs  # noqa: E402
+from dflash_cli.synthetic import target_config, random_tensors, shipped_configs  # noqa: E402
 
 ROOT = Path(os.environ.get("ROOT", "/tmp/product"))
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "512"))
@@ -57,7 +57,7 @@ def checkpoints() -> None:
     if (ROOT / "eagle3" / "model.safetensors").is_file():
         return
     shipped = shipped_configs("qwen3-4b")
-    cfg = qwen3_config("qwen3-4b")
+    cfg = target_config("qwen3-4b")
     target = ROOT / "target"
     write(target, shipped["target"], random_tensors(checkpoint_shapes(cfg), "cuda", torch.bfloat16, seed=0))
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dflash_cli.runtime.graphs import target_graphs  # noqa: E402
-from dflash_cli.synthetic import random_drafter, random_qwen3  # noqa: E402
+from dflash_cli.synthetic import random_drafter, random_target  # noqa: E402
 
 CTX = int(os.environ.get("CTX", "1024"))
 
@@ -124,7 +124,7 @@ def plain_session(new: int, ctx: int | None = None):
 
     torch.manual_seed(0)
     ctx = ctx or CTX
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
+    model = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0)
     return Session(model, ctx + new + 64, "graphs"), prompt_and_sequence(new, ctx)[0]
 
 
@@ -194,7 +194,7 @@ def spec_steps(model, proposer, label, tau=6.0, new=128):
 
 def main():
     torch.manual_seed(0)
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
+    model = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0)
     drafter = random_drafter("qwen3-4b", "dflash", model)
     cache, out, graphs = prefilled_graphs(model, CTX, drafter.capture)
     static = target_graphs(model, cache, use_graphs=False)

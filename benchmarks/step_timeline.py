@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.step_profile import CTX, forced_decoder, generation_runner  # noqa: E402
-from dflash_cli.synthetic import random_drafter, random_qwen3  # noqa: E402
+from dflash_cli.synthetic import random_drafter, random_target  # noqa: E402
 
 NEW = 128
 
@@ -113,7 +113,7 @@ def show(kind, model):
 
 def main():
     torch.manual_seed(0)
-    model = random_qwen3("qwen3-4b", "cuda", torch.bfloat16, seed=0)
+    model = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0)
     print(f"device {torch.cuda.get_device_name()}  ctx {CTX}")
     for kind in os.environ.get("MODES", "dflash,eagle3,none").split(","):
         show(kind, model)
