@@ -150,3 +150,41 @@ def test_dflash_loader_points_dflash2_checkpoints_to_their_kind(setup):
     ours_t, zdir, *_ = setup
     with pytest.raises(DflashError, match="DFlash 2 drafter"):
         DFlashDrafter.load(zdir, ours_t)
+
+
+def test_bad_dflash2_configs_are_one_clear_error(setup, tmp_path):
+    ours_t, zdir, sdir, *_ = setup
+    z = json.loads((zdir / "config.json").read_text())
+    s = json.loads((sdir / "config.json").read_text())
+    cases = [
+        (sdir, dict(s, draft_vocab_size=100), "full target vocabulary"),
+        (sdir, {k: v for k, v in s.items() if k != "aux_hidden_state_layer_ids"}, "aux_hidden_state_layer_ids"),
+        (zdir, dict(z, dflash_config={k: v for k, v in z["dflash_config"].items() if k != "selector_rank"}),
+         "selector_rank"),
+        (zdir, dict(z, dflash_config=dict(z["dflash_config"], conv_group_size=24)), "does not divide"),
+        (zdir, dict(z, dflash_config=dict(z["dflash_config"], selector_top_k=0)), "selector_top_k 0"),
+    ]
+    for i, (src, cfg, needle) in enumerate(cases):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        (folder / "model.safetensors").symlink_to(src / "model.safetensors")
+        with pytest.raises(DflashError, match=needle):
+            DFlash2Drafter.load(folder, ours_t)
+    # A q row holds at most min(K_MAX, vocab) candidates: a wider selector is refused when the proposer is made.
+    wide = DFlash2Drafter.load(zdir, ours_t, selector=True)
+    wide.selector.top_k = 65
+    with pytest.raises(DflashError, match="selector_top_k 65"):
+        DFlash2Proposer(wide)
+
+
+def test_selector_knob(setup, monkeypatch):
+    from dflash_cli import tuning
+
+    ours_t, zdir, *_ = setup
+    monkeypatch.setattr(tuning, "KNOBS", tuning.read({"DFLASH_SELECTOR": "0"}))
+    assert DFlash2Drafter.load(zdir, ours_t).use_selector is False
+    monkeypatch.setattr(tuning, "KNOBS", tuning.read({}))
+    assert DFlash2Drafter.load(zdir, ours_t).use_selector is True
+    with pytest.raises(DflashError, match="DFLASH_SELECTOR"):
+        tuning.read({"DFLASH_SELECTOR": "maybe"})
