@@ -23,7 +23,7 @@ DFlash's one-pass block draft (models/dflash.py: the same layers, context rows a
 Selector off (`selector=False`, tuning's DFLASH_SELECTOR=0): each row's argmax of the block's logits, the walk with one
 candidate per row (z-lab's reference with selector_top_k = 1; sampled, a one-hot q).
 
-Checkpoints in two layouts, the same tensors under both (see SPECULATORS below).
+Checkpoints in two layouts, the same tensors under both (the comment on the speculators layout below).
 """
 
 from __future__ import annotations
