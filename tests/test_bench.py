@@ -157,8 +157,6 @@ def test_timed_runs_reuse_the_warm_up_decoders_and_graphs(registry, tmp_path, mo
     assert all(m["runs"] == 4 and m["graph_captures_timed"] == 0 for m in rep["modes"])
     per = rep["per_run"]
     assert [x["tokens"] for x in per["none"]] == [x["tokens"] for x in per["dflash"]] == [x["tokens"] for x in per["eagle3"]]
-    assert [x["tokens"] for x in per["none"]] == [x["tokens"] for x in per["dflash2"]]
-    assert len(rep["modes"][3]["accepted_drafts_hist"]) == BLOCK
 
 
 def test_synthetic_empty_prompt_is_one_error_line(cli, registry):

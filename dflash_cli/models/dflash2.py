@@ -38,7 +38,7 @@ from ..errors import DflashError
 from ..layers import ops
 from ..loading.config import read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, self_attention
+from .decoder import self_attention
 from .dflash import DFlashConfig, DFlashDrafter, checkpoint_shapes as dflash_shapes
 
 SIZES = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -235,13 +235,14 @@ class DFlash2Drafter(DFlashDrafter):
         if c.embedding_scale != 1.0:
             h = h * c.embedding_scale
         for i, (layer, (attn_conv, mlp_conv)) in enumerate(zip(self.layers, self.convs)):
-            h = h + self._sublayer(layer, attn_conv, h, layer.input_norm,
+            h = h + self._sublayer(attn_conv, h, layer.input_norm,
                                    lambda x: ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o))
-            h = h + self._sublayer(layer, mlp_conv, h, layer.post_norm,
+            h = h + self._sublayer(mlp_conv, h, layer.post_norm,
                                    lambda x: ops.linear(ops.swiglu(x, layer.gate_up), layer.down))
         return ops.rms_norm(h, self.norm, m.rms_norm_eps) if final_norm else h
 
-    def _sublayer(self, layer: DecoderLayer, conv: DynamicConv, h: torch.Tensor, norm: torch.Tensor, fn):
+    def _sublayer(self, conv: DynamicConv, h: torch.Tensor, norm: torch.Tensor, fn) -> torch.Tensor:
+        """finish(fn(prepare(RMSNorm(h)))): one sublayer's output between its two convolutions."""
         x, delta = conv.prepare(ops.rms_norm(h, norm, self.cfg.rms_norm_eps))
         return conv.finish(fn(x), delta)
 
