@@ -78,6 +78,11 @@ def random_drafter(name: str, kind: str, target, seed: int = 1):
 
         c = DFlashConfig(raw, where)
         return DFlashDrafter(c, random_tensors(shapes(c), target.device, target.dtype, seed), target, str(where))
+    if kind == "dflash2":
+        from .models.dflash2 import DFlash2Config, DFlash2Drafter, checkpoint_shapes as shapes2
+
+        c = DFlash2Config(raw, where)
+        return DFlash2Drafter(c, random_tensors(shapes2(c), target.device, target.dtype, seed), target, str(where))
     if kind == "eagle3":
         from .models.eagle3 import Eagle3Config, Eagle3Drafter
 

@@ -21,6 +21,7 @@ class Tuning:
     gemm: str = "auto"  # DFLASH_GEMM: few-row products on our CUDA GEMM where it builds (auto), cuBLAS, or Triton's
     pdl: bool = True  # DFLASH_PDL: early launches on Hopper (each kernel starts while the one before it drains)
     queue_ahead: bool = True  # DFLASH_QUEUE_AHEAD: queue a step's successor before the host reads the step's outcome
+    selector: bool = True  # DFLASH_SELECTOR: DFlash 2's candidate selector (0: each draft row's argmax)
     block_trace: bool = False  # DFLASH_BLOCK_TRACE: per-block timestamps built into the kernels (benchmarks/)
     kernel_cache: Path = Path.home() / ".cache" / "dflash" / "kernels"  # DFLASH_KERNEL_CACHE: built kernels
     registry: Path | None = None  # DFLASH_REGISTRY: a models.toml of one's own instead of the packaged one
@@ -55,6 +56,7 @@ def read(env: Mapping[str, str] = os.environ) -> Tuning:
         raise DflashError(f"DFLASH_DRAFT_WINDOW={window!r}: must be a positive number of keys")
     return Tuning(graphs=_flag(env, "DFLASH_GRAPHS", True), kernels=_flag(env, "DFLASH_KERNELS", True), gemm=gemm,
                   pdl=_flag(env, "DFLASH_PDL", True), queue_ahead=_flag(env, "DFLASH_QUEUE_AHEAD", True),
+                  selector=_flag(env, "DFLASH_SELECTOR", True),
                   block_trace=_flag(env, "DFLASH_BLOCK_TRACE", False),
                   kernel_cache=Path(cache) if cache else Tuning.kernel_cache,
                   registry=Path(registry) if registry else None, debug=bool(env.get("DFLASH_DEBUG")),

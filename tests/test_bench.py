@@ -7,7 +7,7 @@ import pytest
 
 from dflash_cli import tuning
 
-from tiny import make_dflash, make_eagle3, make_qwen3
+from tiny import make_dflash, make_dflash2, make_eagle3, make_qwen3
 
 BLOCK = 6  # DFlash block: 5 drafts per step
 CHAIN = 4  # EAGLE-3 chain length from the registry
@@ -20,20 +20,24 @@ def tiny_registry(tmp_path_factory):
     cfg = json.loads((target / "config.json").read_text())
     make_dflash(root / "dflash", cfg, seed=4, layers=2, block_size=BLOCK, target_layer_ids=[1, 4])
     make_eagle3(root / "eagle3", cfg, seed=5)
+    make_dflash2(root / "dflash2", cfg, seed=6, layers=1, block_size=BLOCK, target_layer_ids=[1, 4],
+                 layout="speculators")
     (root / "models.toml").write_text(f"""
 default = "tiny"
 [models.tiny]
 target = "./target"
 context = 512
 draft_len = {CHAIN}
-drafters = {{ dflash = "./dflash", eagle3 = "./eagle3" }}
+drafters = {{ dflash = "./dflash", dflash2 = "./dflash2", eagle3 = "./eagle3" }}
 """)
     # --synthetic reads shapes shipped per registry name: give it the tiny ones.
     synth = root / "synthetic"
     synth.mkdir()
     draft_cfg = json.loads((root / "dflash" / "config.json").read_text())
     eagle_cfg = json.loads((root / "eagle3" / "config.json").read_text())
-    (synth / "tiny.json").write_text(json.dumps({"target": cfg, "dflash": draft_cfg, "eagle3": eagle_cfg}))
+    dflash2_cfg = json.loads((root / "dflash2" / "config.json").read_text())
+    (synth / "tiny.json").write_text(json.dumps({"target": cfg, "dflash": draft_cfg, "dflash2": dflash2_cfg,
+                                                 "eagle3": eagle_cfg}))
     (root / "prompts.jsonl").write_text('{"prompt": "def fibonacci(n):", "category": "code"}\n'
                                         '{"prompt": "What is two plus two?"}\n')
     return root
@@ -50,15 +54,15 @@ def registry(tiny_registry, monkeypatch):
 def test_bench_all_three_modes_table_and_json(cli, registry, tmp_path):
     out = tmp_path / "bench.json"
     plot = tmp_path / "bench.png"
-    r = cli("bench", "--draft", "dflash,eagle3", "--prompts", registry / "prompts.jsonl", "--max-tokens", "12",
-            "--json", out, "--plot", plot)
+    r = cli("bench", "--draft", "dflash,eagle3,dflash2", "--prompts", registry / "prompts.jsonl", "--max-tokens",
+            "12", "--json", out, "--plot", plot)
     assert r.code == 0, r.err
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for word in ("dflash bench", "tok/s", "speedup", "τ", "draft ms/step", "verify ms/step", "none", "dflash", "eagle3"):
         assert word in r.out
     rep = json.loads(out.read_text())
-    assert [m["mode"] for m in rep["modes"]] == ["none", "dflash", "eagle3"]
-    assert [m["draft_kind"] for m in rep["modes"]] == ["none", "dflash", "eagle3"]
+    assert [m["mode"] for m in rep["modes"]] == ["none", "dflash", "eagle3", "dflash2"]
+    assert [m["draft_kind"] for m in rep["modes"]] == ["none", "dflash", "eagle3", "dflash2"]
     assert rep["device_type"] == "cpu" and rep["dtype"] == "float32" and "torch" in rep["versions"]
     assert rep["synthetic"] is False and len(rep["prompts"]) == 2
     for m in rep["modes"]:
@@ -71,6 +75,8 @@ def test_bench_all_three_modes_table_and_json(cli, registry, tmp_path):
     # Lossless: the same greedy tokens in every mode.
     per = rep["per_run"]
     assert [x["tokens"] for x in per["none"]] == [x["tokens"] for x in per["dflash"]] == [x["tokens"] for x in per["eagle3"]]
+    assert [x["tokens"] for x in per["none"]] == [x["tokens"] for x in per["dflash2"]]
+    assert len(rep["modes"][3]["accepted_drafts_hist"]) == BLOCK
 
 
 @pytest.mark.parametrize("tau", [1.0, None])
@@ -79,18 +85,19 @@ def test_synthetic_forced_tau_is_what_the_label_says(cli, registry, tmp_path, ta
     full = BLOCK  # drafts + bonus
     tau = tau or full
     out = tmp_path / "synthetic.json"
-    r = cli("bench", "--synthetic", "--synthetic-tau", tau, "--draft", "dflash,eagle3", "--prompts",
+    r = cli("bench", "--synthetic", "--synthetic-tau", tau, "--draft", "dflash,eagle3,dflash2", "--prompts",
             registry / "prompts.jsonl", "--max-tokens", "31", "--json", out)
     assert r.code == 0, r.err
     assert "SYNTHETIC" in r.out
     rep = json.loads(out.read_text())
     assert rep["synthetic"] is True and rep["synthetic_tau"] == tau
-    dflash, eagle = rep["modes"][1], rep["modes"][2]
+    dflash, eagle, dflash2 = rep["modes"][1], rep["modes"][2], rep["modes"][3]
+    assert dflash2["draft_kind"] == "dflash2"
     if tau == 1.0:
-        assert dflash["tau"] == 1.0 and eagle["tau"] == 1.0
+        assert dflash["tau"] == 1.0 and eagle["tau"] == 1.0 and dflash2["tau"] == 1.0
         assert dflash["accepted_drafts_hist"][0] == sum(dflash["accepted_drafts_hist"])
     else:
-        assert dflash["tau"] == float(BLOCK)
+        assert dflash["tau"] == float(BLOCK) and dflash2["tau"] == float(BLOCK)
         assert dflash["accepted_drafts_hist"][-1] == sum(dflash["accepted_drafts_hist"])
         assert eagle["tau"] == float(CHAIN + 1)  # forced τ is capped by the chain length
 

@@ -18,14 +18,16 @@ from dflash_cli.bench.forced import ForcedAcceptance, ForcedDecoder
 from dflash_cli.runtime import session as session_module
 from dflash_cli.runtime.generation import PlainDecoder, Request, generate
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.dflash2 import DFlash2Drafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
-from tiny import make_dflash, make_eagle3, make_qwen3
+from tiny import make_dflash, make_dflash2, make_eagle3, make_qwen3
 
 READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
 PROMPT = [5, 9, 2, 7, 11, 3, 8]
@@ -76,11 +78,15 @@ def models(tmp_path_factory):
     target = Qwen3Model.load(target_dir)
     dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, seed=4, block_size=5, target_layer_ids=[0, 2]), target)
     eagle = Eagle3Drafter.load(make_eagle3(root / "e", cfg, seed=5), target)
-    return target, dflash, eagle
+    dflash2 = DFlash2Drafter.load(make_dflash2(root / "d2", cfg, seed=6, block_size=5, target_layer_ids=[0, 2]),
+                                  target, selector=True)
+    return target, dflash, eagle, dflash2
 
 
 def proposer(models, kind: str):
-    _, dflash, eagle = models
+    _, dflash, eagle, dflash2 = models
+    if kind == "dflash2":  # the selector's walk, greedy and sampled, inside the proposal
+        return DFlash2Proposer(dflash2)
     return DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle)
 
 
@@ -93,7 +99,7 @@ def run_counted(monkeypatch, models, decoder, params: SamplingParams, path: str,
 
 
 @pytest.mark.parametrize("path", ["eager", "static"])
-@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+@pytest.mark.parametrize("kind", ["dflash", "eagle3", "dflash2"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_speculative_step_reads_the_device_once(monkeypatch, models, kind, path, temperature):
     params = SamplingParams(temperature=temperature, seed=1)

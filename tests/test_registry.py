@@ -70,7 +70,8 @@ def test_packaged_registry_has_the_qwen3_entries():
     for size in ("4b", "8b"):
         e = reg.entries[f"qwen3-{size}"]
         assert e.target.ref == f"Qwen/Qwen3-{size.upper()}"
-        assert set(e.drafters) == {"dflash", "eagle3"}
+        assert set(e.drafters) == {"dflash", "dflash2", "eagle3"}
+        assert e.drafters["dflash2"].ref == f"RedHatAI/Qwen3-{size.upper()}-speculator.dflash2"
         assert all("/" in src.ref and not src.is_local for src in e.drafters.values())
         assert e.generation == QWEN_DEFAULTS
         assert e.context and e.context >= 4096
@@ -212,7 +213,7 @@ def test_pull_downloads_target_and_drafters_with_only_the_needed_files(fake_down
     res = cli("pull", "qwen3-4b")
     assert res.code == 0, res.err
     assert [repo for repo, _ in fake_download] == ["Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16",
-                                                   "AngelSlim/Qwen3-4B_eagle3"]
+                                                   "RedHatAI/Qwen3-4B-speculator.dflash2", "AngelSlim/Qwen3-4B_eagle3"]
     assert "✓" in res.out and "200 B" in res.out
 
     needed = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",

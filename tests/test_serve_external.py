@@ -57,7 +57,7 @@ def test_vllm_command_for_every_registry_entry(name, draft):
         return
     spec = json.loads(opts["--speculative-config"])
     assert set(spec) == {"method", "model", "num_speculative_tokens"} and spec["method"] in VLLM_METHODS
-    assert spec["method"] == draft and spec["model"] == e.drafters[draft].ref
+    assert spec["method"] == ("dflash" if draft == "dflash2" else draft) and spec["model"] == e.drafters[draft].ref
     assert spec["num_speculative_tokens"] == (e.draft_len if draft == "eagle3" else 15)  # DFlash: block 16 - 1
 
 
@@ -75,7 +75,8 @@ def test_sglang_command_for_every_registry_entry(name, draft):
         assert not any(k.startswith("--speculative") for k in opts)
         return
     assert opts["--speculative-algorithm"] in SGLANG_ALGORITHMS
-    assert opts["--speculative-algorithm"] == draft.upper() and opts["--speculative-draft-model-path"] == e.drafters[draft].ref
+    assert opts["--speculative-algorithm"] == ("DFLASH" if draft == "dflash2" else draft.upper())
+    assert opts["--speculative-draft-model-path"] == e.drafters[draft].ref
     assert opts["--speculative-num-draft-tokens"] == "6"  # --draft-len 5 and the bonus token
     if draft == "eagle3":
         assert (opts["--speculative-num-steps"], opts["--speculative-eagle-topk"]) == ("5", "1")
@@ -99,8 +100,23 @@ def test_print_shows_the_command_and_running_needs_the_engine(cli, monkeypatch):
 
 def test_bad_draft_for_an_external_engine(cli):
     res = cli("serve", "demo", "--engine", "vllm", "--draft", "/some/folder", "--print")
-    assert res.code == 1 and "--draft takes none, dflash or eagle3" in res.err
+    assert res.code == 1 and "--draft takes none, dflash, dflash2 or eagle3" in res.err
     res = cli("serve", "demo", "--engine", "vllm", "--tensor-parallel", "0", "--print")
     assert res.code == 1 and "--tensor-parallel" in res.err
     res = cli("serve", "demo", "--engine", "sglang", "--context", "512", "--print")
     assert res.code == 0 and "--context-length 512" in res.out
+
+
+def test_dflash2_runs_as_dflash_with_its_checkpoints_block(tmp_path):
+    """A DFlash 2 drafter launches as the engines' DFlash (they switch its modules on from the checkpoint); its
+    drafts per step come from its block size, at the top level (speculators) or in dflash_config (z-lab)."""
+    from dflash_cli.registry import ModelEntry, Source
+
+    for i, cfg in enumerate(({"block_size": 9}, {"dflash_config": {"block_size": 9}})):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        e = ModelEntry(name="m", target=Source("Org/target"), drafters={"dflash2": Source(str(folder))})
+        assert external.draft_tokens(e, "dflash2", None) == 8
+        spec = json.loads(options(launch_command("vllm", e, draft="dflash2"), 3)["--speculative-config"])
+        assert spec == {"method": "dflash", "model": str(folder), "num_speculative_tokens": 8}

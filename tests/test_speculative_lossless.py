@@ -1,6 +1,6 @@
 """Greedy speculative decoding is lossless: token for token the output of plain greedy decoding.
 
-float32 on CPU, exact equality, with the real DFlash and EAGLE-3 drafters (random weights, so
+float32 on CPU, exact equality, with the real DFlash, DFlash 2 and EAGLE-3 drafters (random weights, so
 they are mostly rejected) and with scripted proposers that know the plain continuation:
 an oracle (every draft accepted), a partly-right one (rejection at every position of the block)
 and the real drafters steered by the oracle for a random prefix of each proposal (so real drafter
@@ -20,14 +20,16 @@ import torch
 from dflash_cli.runtime.generation import PlainDecoder, Request, Result, generate
 from dflash_cli.runtime.drafters.base import Drafter
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.dflash2 import DFlash2Drafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
-from tiny import make_dflash, make_eagle3, make_qwen3
+from tiny import make_dflash, make_dflash2, make_eagle3, make_qwen3
 
 GREEDY = SamplingParams()
 MAX_LEN = 128
@@ -45,11 +47,17 @@ DFLASH = {
     "A-b4-swa": ("A", dict(seed=34, layers=2, block_size=4, target_layer_ids=[1, 2], sliding_window=5,
                            use_sliding_window=True, layer_types=["sliding_attention", "full_attention"])),
 }
+DFLASH2 = {  # the selector walking 5 candidates; B's drafter in the speculators layout, three channel groups
+    "A-b6-k5": ("A", dict(seed=34, layers=1, block_size=6, target_layer_ids=[1, 2], top_k=5)),
+    "B-b5-spec": ("B", dict(seed=35, layers=2, block_size=5, target_layer_ids=[0, 1], kernel_size=3, top_k=3,
+                            layout="speculators")),
+}
 EAGLE3 = {
     "A-v200": ("A", dict(seed=41, draft_vocab=200)),
     "B-v384-hd24": ("B", dict(seed=42, draft_vocab=384, head_dim=24)),
 }
 DFLASH_LENS = {"A-b4": [None, 1, 2], "A-b8": [None, 3, 5], "B-b6": [None, 2, 4], "A-b4-swa": [None, 2]}
+DFLASH2_LENS = {"A-b6-k5": [None, 2], "B-b5-spec": [None, 3]}
 EAGLE3_LENS = {"A-v200": [1, 3, 6], "B-v384-hd24": [2, 5, None]}  # None: the proposer's most
 
 
@@ -74,9 +82,11 @@ class Zoo:
             self.targets[name] = Qwen3Model.load(d)
         for name, (t, kw) in DFLASH.items():
             self.dirs[name] = make_dflash(root / f"dflash-{name}", self.cfgs[t], **kw)
+        for name, (t, kw) in DFLASH2.items():
+            self.dirs[name] = make_dflash2(root / f"dflash2-{name}", self.cfgs[t], **kw)
         for name, (t, kw) in EAGLE3.items():
             self.dirs[name] = make_eagle3(root / f"eagle3-{name}", self.cfgs[t], **kw)
-        self.drafters = {name: self.load_drafter(name) for name in [*DFLASH, *EAGLE3]}
+        self.drafters = {name: self.load_drafter(name) for name in [*DFLASH, *DFLASH2, *EAGLE3]}
         rng = random.Random(7)
         lengths = [1, 2, 5, 9, 13, 17, 20, 24, 7]
         self.prompts = {t: [[rng.randrange(self.cfgs[t]["vocab_size"]) for _ in range(n)] for n in lengths]
@@ -84,16 +94,20 @@ class Zoo:
         self._plain: dict = {}
 
     def target_of(self, drafter: str) -> str:
-        return (DFLASH.get(drafter) or EAGLE3[drafter])[0]
+        return (DFLASH.get(drafter) or DFLASH2.get(drafter) or EAGLE3[drafter])[0]
 
     def load_drafter(self, name: str):
         """A new drafter network for drafter `name`."""
         target = self.targets[self.target_of(name)]
+        if name in DFLASH2:
+            return DFlash2Drafter.load(self.dirs[name], target, selector=True)
         return (DFlashDrafter if name in DFLASH else Eagle3Drafter).load(self.dirs[name], target)
 
     def proposer(self, name: str, fresh: bool = False):
         """A runtime drafter (its own caches) over drafter `name`'s network (a new one where `fresh`)."""
         d = self.load_drafter(name) if fresh else self.drafters[name]
+        if name in DFLASH2:
+            return DFlash2Proposer(d)
         return DFlashProposer(d) if name in DFLASH else Eagle3Proposer(d)
 
     def plain(self, target: str, prompt: tuple, max_tokens: int, stops: tuple = (), max_len: int = MAX_LEN) -> Result:
@@ -233,7 +247,10 @@ class Steered(Drafter):
             self.fresh.absorb(hidden, 0)
             ours = self.inner.draft_logits(last, len(drafts))
             ref = self.fresh.draft_logits(last, len(drafts))
-            assert ours.argmax(-1).tolist() == drafts
+            if isinstance(self.fresh, DFlash2Proposer):  # drafts: the selector's walk, not each row's argmax
+                assert self.fresh.propose(last, len(drafts), GREEDY, None)[0].tolist() == drafts
+            else:
+                assert ours.argmax(-1).tolist() == drafts
         else:
             self.fresh.absorb(hidden, 0, list(self.tokens))
             ours, ref = eagle3_logits(self.inner, last, drafts), eagle3_logits(self.fresh, last, drafts)
@@ -288,6 +305,7 @@ def max_tokens_for(i: int) -> int:
 
 DFLASH_CASES = [(d, p, n) for d in DFLASH for n in DFLASH_LENS[d] for p in range(6)]
 EAGLE3_CASES = [(d, p, n) for d in EAGLE3 for n in EAGLE3_LENS[d] for p in range(N_PROMPTS)]
+DFLASH2_CASES = [(d, p, n) for d in DFLASH2 for n in DFLASH2_LENS[d] for p in range(5)]
 
 
 def _check_real(zoo: Zoo, drafter: str, prompt_idx: int, draft_len):
@@ -301,6 +319,11 @@ def _check_real(zoo: Zoo, drafter: str, prompt_idx: int, draft_len):
 
 @pytest.mark.parametrize("drafter,prompt_idx,draft_len", DFLASH_CASES)
 def test_dflash_greedy_equals_plain(zoo, drafter, prompt_idx, draft_len):
+    _check_real(zoo, drafter, prompt_idx, draft_len)
+
+
+@pytest.mark.parametrize("drafter,prompt_idx,draft_len", DFLASH2_CASES)
+def test_dflash2_greedy_equals_plain(zoo, drafter, prompt_idx, draft_len):
     _check_real(zoo, drafter, prompt_idx, draft_len)
 
 
@@ -360,6 +383,7 @@ def test_partly_right_drafts_are_rolled_back_at_every_position(zoo, target, prom
 
 @pytest.mark.parametrize("drafter,prompt_idx,draft_len,seed",
                          [("A-b4", 2, None, 0), ("A-b8", 4, 6, 1), ("B-b6", 7, None, 2), ("A-b4-swa", 8, None, 6),
+                          ("A-b6-k5", 5, None, 6), ("B-b5-spec", 1, 3, 7),
                           ("A-v200", 3, 5, 3), ("B-v384-hd24", 6, 8, 4), ("B-v384-hd24", 0, 2, 5)])
 def test_real_drafter_steered_by_oracle_keeps_consistent_caches(zoo, drafter, prompt_idx, draft_len, seed):
     target = zoo.target_of(drafter)

@@ -10,7 +10,8 @@ chi-square distribution (computed from torch.special.gammainc, no scipy).
    (a draft proposed as the drafter's argmax): draft i is accepted with probability p_i(draft), and after a
    rejection the token follows p_i with the draft removed; a certain draft (p = 1) always passes; k = 0.
 2. End to end on a target with an 8-token vocabulary: the joint distribution of the first three
-   generated tokens (the last two from a speculative step) with a DFlash and an EAGLE-3 drafter,
+   generated tokens (the last two from a speculative step) with a DFlash, a DFlash 2 (its selector's sampled walk,
+   q the walk's rows over 4 candidates; selector off: argmax drafts, q one-hot) and an EAGLE-3 drafter,
    at temperature 1 and with top-k/top-p, equals the plain sampler's exact one. The EAGLE-3 draft
    vocabulary covers half the tokens, so q is zero where the target has mass.
    On the eager path and on the static one (the device-position forwards that CUDA graphs capture, run
@@ -31,14 +32,16 @@ import torch
 from dflash_cli.runtime.generation import PlainDecoder, Request, generate
 from dflash_cli.runtime import sampling
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import K_MAX, SamplingParams, accept_sampled, begin, probabilities, sample
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.dflash2 import DFlash2Drafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
-from tiny import make_dflash, make_eagle3, qwen3_config, random_qwen3_tensors, save_sharded
+from tiny import make_dflash, make_dflash2, make_eagle3, qwen3_config, random_qwen3_tensors, save_sharded
 
 ALPHA = 0.999
 
@@ -322,7 +325,12 @@ def models(tmp_path_factory):
                                             target_layer_ids=[0, 1], std=0.05), target)
     eagle = Eagle3Drafter.load(make_eagle3(root / "eagle3", cfg, seed=6, draft_vocab=4, std=0.15,
                                            eagle_aux_hidden_state_layer_ids=[0, 1, 1]), target)
-    return target, dflash, eagle
+    # DFlash 2: the selector walks 4 of the 8 tokens (q is zero on the others), or each row's argmax (q one-hot).
+    folder = make_dflash2(root / "dflash2", cfg, seed=7, layers=1, block_size=5, target_layer_ids=[0, 1], std=0.05,
+                          group_size=8, rank=4, top_k=4)
+    dflash2 = {"dflash2": DFlash2Drafter.load(folder, target, selector=True),
+               "dflash2-argmax": DFlash2Drafter.load(folder, target, selector=False)}
+    return target, dflash, eagle, dflash2
 
 
 def exact_joint(target, params: SamplingParams, n: int = 3) -> torch.Tensor:
@@ -355,20 +363,25 @@ CONFIGS = {
     "eagle3-T1-k2": ("eagle3", SamplingParams(temperature=1.0), 4, 1500),
     "dflash-topk-topp-k2": ("dflash", SamplingParams(temperature=0.8, top_k=3, top_p=0.8), 4, 1200),
     "eagle3-topk-topp-k1": ("eagle3", SamplingParams(temperature=1.3, top_k=6, top_p=0.85), 1, 1200),
+    "dflash2-T1-k2": ("dflash2", SamplingParams(temperature=1.0), 2, 1500),
+    "dflash2-topk-topp-k3": ("dflash2", SamplingParams(temperature=0.8, top_k=3, top_p=0.8), 3, 1200),
+    "dflash2-argmax-T1-k2": ("dflash2-argmax", SamplingParams(temperature=1.0), 2, 1200),
 }
 
 
 def make_decoder(models, kind: str, draft_len: int):
-    _, dflash, eagle = models
+    _, dflash, eagle, dflash2 = models
     if kind == "none":
         return PlainDecoder(queue_ahead=True)  # on the static path: each step's token fed to the next inside it
+    if kind in dflash2:
+        return SpeculativeDecoder(DFlash2Proposer(dflash2[kind]), draft_len)
     return SpeculativeDecoder(DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle), draft_len)
 
 
 @pytest.mark.parametrize("path", ["eager", "static"])
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_speculative_sampling_matches_the_target_distribution(models, config, path):
-    target, dflash, eagle = models
+    target, dflash, eagle, _ = models
     kind, params, draft_len, runs = CONFIGS[config]
     decoder = make_decoder(models, kind, draft_len)
     joint = exact_joint(target, params)
@@ -406,12 +419,49 @@ def test_speculative_sampling_matches_the_target_distribution(models, config, pa
         assert abs(float(counts.sum((0, 2))[outside].sum()) / runs - float(p2[outside].sum())) < 0.06
 
 
+@pytest.mark.parametrize("path", ["eager", "static"])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, seed=11),
+                                    SamplingParams(temperature=0.7, top_k=3, seed=12)],
+                         ids=["T1", "T0.7-topk"])
+def test_dflash2_drafts_follow_the_walk_rows_they_record(models, params, path):
+    """The sampled walk: the drafts a proposal draws are distributed as the q rows it leaves for the verify, row 1
+    given row 0's draft (the rows are conditional: each depends on the token the row before took). Chi-square of
+    the first two drafts against q0(a) * q1(b | a), over repeated proposals at one position. The end-to-end test
+    above would miss drafts drawn from another distribution than the recorded one unless it were far off."""
+    target, *_, dflash2 = models
+    proposer = DFlash2Proposer(dflash2["dflash2"])
+    session = Session(target, 16, path=path)
+    SpeculativeDecoder(proposer, 3).prefill(session, PROMPT)
+    begin(params, "cpu")
+    vocab, top_k = VOCAB, dflash2["dflash2"].selector.top_k
+    q0, q1, counts = None, {}, torch.zeros(VOCAB, VOCAB)
+    for _ in range(3000):
+        drafts, q = proposer.propose(PROMPT[-1], 3, params, None)
+        dense = q.dense(vocab)
+        assert (q.probs[:, top_k:] == 0).all() and torch.allclose(dense.sum(-1), torch.ones(3))
+        a, b = int(drafts[0]), int(drafts[1])
+        assert dense[0, a] > 0 and dense[1, b] > 0
+        q0 = dense[0] if q0 is None else q0
+        assert torch.equal(dense[0], q0)  # the first row follows the anchor alone
+        q1.setdefault(a, dense[1])
+        assert torch.equal(dense[1], q1[a])  # the second, the first draft
+        counts[a, b] += 1
+    joint = torch.zeros(VOCAB, VOCAB + 1, dtype=torch.float64)  # last column: drafts never drawn first
+    for a in range(VOCAB):
+        if a in q1:
+            joint[a, :VOCAB] = q0[a].double() * q1[a].double()
+        else:
+            joint[a, VOCAB] = q0[a]
+    assert len(q1) >= 2
+    assert_fits(torch.cat([counts, torch.zeros(VOCAB, 1)], 1), joint, "DFlash 2 walk: first two drafts")
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. the same seed, the same text
 
 
 @pytest.mark.parametrize("path", ["eager", "static"])
-@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3", "dflash2"])
 def test_the_same_seed_gives_the_same_text(models, kind, path):
     """Run to run, with fresh sessions and decoders: the same tokens, drafts and acceptances; other seeds differ.
     On the static path a session reused after a generation of other params gives them too."""

@@ -9,14 +9,16 @@ from dflash_cli.runtime.generation import PlainDecoder, Request, generate
 from dflash_cli.runtime import graphs
 from dflash_cli.runtime.graphs import padded_prefill, prefill_rows
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.dflash2 import DFlash2Drafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
-from tiny import make_dflash, make_eagle3, make_qwen3
+from tiny import make_dflash, make_dflash2, make_eagle3, make_qwen3
 
 GREEDY = SamplingParams()
 
@@ -30,6 +32,25 @@ def models(tmp_path_factory):
     dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, seed=12, block_size=6, target_layer_ids=[1, 3]), target)
     eagle = Eagle3Drafter.load(make_eagle3(root / "e", cfg, seed=13), target)
     return target, dflash, eagle
+
+
+@pytest.fixture(scope="module")
+def dflash2(models, tmp_path_factory):
+    """A DFlash 2 drafter for the same target: its convolutions and selector walk inside the draft step."""
+    target = models[0]
+    cfg = dict(target.cfg.extra)  # the target's config.json
+    folder = make_dflash2(tmp_path_factory.mktemp("static2") / "d2", cfg, seed=14, block_size=6, top_k=5,
+                          target_layer_ids=[1, 3])
+    return DFlash2Drafter.load(folder, target, selector=True)
+
+
+def speculative(kind: str, models, dflash2, draft_len=None):
+    _, dflash, eagle = models
+    if kind == "dflash2":
+        return SpeculativeDecoder(DFlash2Proposer(dflash2), draft_len)
+    if kind == "dflash":
+        return SpeculativeDecoder(DFlashProposer(dflash), draft_len)
+    return SpeculativeDecoder(Eagle3Proposer(eagle), draft_len or 4)
 
 
 def test_static_logits_match_eager_across_window_boundaries(models):
@@ -95,14 +116,13 @@ def test_padded_prefill_matches_eager(models):
     assert torch.allclose(eager.forward(tail).logits, static.forward(tail).logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])
-def test_generation_is_identical_on_the_static_path(models, kind):
-    target, dflash, eagle = models
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3", "dflash2"])
+def test_generation_is_identical_on_the_static_path(models, dflash2, kind):
+    target = models[0]
     prompt = list(range(20, 60))
 
     def run(path):
-        decoder = {"none": lambda: PlainDecoder(), "dflash": lambda: SpeculativeDecoder(DFlashProposer(dflash)),
-                   "eagle3": lambda: SpeculativeDecoder(Eagle3Proposer(eagle), 4)}[kind]()
+        decoder = PlainDecoder() if kind == "none" else speculative(kind, models, dflash2)
         session = Session(target, 400, path=path)
         return generate(session, decoder, Request(prompt, SamplingParams(), max_tokens=240)).tokens
 
@@ -221,16 +241,17 @@ def test_a_greedy_plain_step_feeds_its_next_inputs(models, monkeypatch):
     assert more.tokens == generate(again, PlainDecoder(queue_ahead=False), Request([5, 6], GREEDY, 3)).tokens
 
 
-@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+@pytest.mark.parametrize("kind", ["dflash", "eagle3", "dflash2"])
 @pytest.mark.parametrize("draft_len", [1, 3, 5])
-def test_queued_proposals_change_no_draft(models, kind, draft_len):
+def test_queued_proposals_change_no_draft(models, dflash2, kind, draft_len):
     """On the device-position path the next proposal is queued before the host reads the accepted count
     (absorbing every verified row, rejected ones included). Against the eager path, which absorbs after the
     read: the same drafts, acceptances and tokens at stop ids inside a span, at max_tokens, at a full
     context, across a second turn and with sampling (EAGLE-3 queues greedy chains only); and the queued
     proposals are the ones used."""
     target, dflash, eagle = models
-    make = (lambda: DFlashProposer(dflash)) if kind == "dflash" else (lambda: Eagle3Proposer(eagle))
+    make = {"dflash": lambda: DFlashProposer(dflash), "eagle3": lambda: Eagle3Proposer(eagle),
+            "dflash2": lambda: DFlash2Proposer(dflash2)}[kind]
     prompt = list(range(30, 70))
     ref = generate(Session(target, 300, path="eager"), PlainDecoder(), Request(prompt, GREEDY, 60)).tokens
     greedy_cases = [(300, 60, ()), (300, 11, ()), (300, 60, (ref[17],)), (300, 60, (ref[30],)),
@@ -341,19 +362,15 @@ def test_norms_inside_the_products_compute_the_kernel_path(tmp_path, monkeypatch
     assert len(calls) == (0 if mlp_fused else 2) * len(model.layers)
 
 
-@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])
-def test_a_second_generation_meets_no_new_graph_shape(models, kind):
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3", "dflash2"])
+def test_a_second_generation_meets_no_new_graph_shape(models, dflash2, kind):
     """Every step keeps its shapes: short prompts share one padded prefill, a block keeps its size near max_tokens,
     and a step's absorb takes all its verified rows; so once a session's shapes are built (same windows) by one
     greedy and one sampled generation (a load-time warm-up), another generation with another prompt length and
     budget builds none, greedy or sampled, whatever its temperature, top-p and top-k of the warmed sampling mode
     (they live in device tensors), queued proposals included."""
-    target, dflash, eagle = models
-    if kind == "none":
-        decoder = PlainDecoder(queue_ahead=True)
-    else:
-        proposer = DFlashProposer(dflash) if kind == "dflash" else Eagle3Proposer(eagle)
-        decoder = SpeculativeDecoder(proposer, 4 if kind == "eagle3" else None)
+    target = models[0]
+    decoder = PlainDecoder(queue_ahead=True) if kind == "none" else speculative(kind, models, dflash2)
     session = Session(target, 200, path="static")
     for params in (SamplingParams(), SamplingParams(temperature=0.6, top_p=0.95, top_k=20, seed=1)):
         generate(session, decoder, Request(list(range(5, 14)), params, 60))
@@ -368,17 +385,16 @@ def test_a_second_generation_meets_no_new_graph_shape(models, kind):
     assert graphs.Totals.shapes == before
 
 
-@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])
-def test_capture_at_load_leaves_no_shape_for_the_generations(models, kind):
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3", "dflash2"])
+def test_capture_at_load_leaves_no_shape_for_the_generations(models, dflash2, kind):
     """After warmup.prepare, greedy generations of any prompt and length meet no new step shape (on the GPU: no
     capture after load), and give the same tokens as without it."""
     from dflash_cli.runtime.warmup import prepare
 
-    target, dflash, eagle = models
+    target = models[0]
 
     def decoder():
-        return {"none": lambda: PlainDecoder(), "dflash": lambda: SpeculativeDecoder(DFlashProposer(dflash)),
-                "eagle3": lambda: SpeculativeDecoder(Eagle3Proposer(eagle), 4)}[kind]()
+        return PlainDecoder() if kind == "none" else speculative(kind, models, dflash2)
 
     prompt = list(range(20, 27))
     ref = generate(Session(target, 300, path="eager"), decoder(), Request(prompt, GREEDY, 150)).tokens

@@ -171,6 +171,56 @@ def make_dflash(out: Path, target_cfg: dict, seed: int = 1, layers: int = 2, blo
     return out
 
 
+def make_dflash2(out: Path, target_cfg: dict, seed: int = 1, layers: int = 2, block_size: int = 8,
+                 target_layer_ids=None, mask_token_id=None, std: float = 0.08, kernel_size: int = 2,
+                 group_size: int = 16, rank: int = 8, top_k: int = 4, layout: str = "z-lab") -> Path:
+    """A random DFlash 2 drafter: make_dflash's body plus the two convolutions of every layer and the candidate
+    selector, in z-lab's layout (Qwen3 fields + dflash_config; codebooks without `.weight`) or the speculators one
+    (transformer_layer_config, aux_hidden_state_layer_ids = target layer ids + 1, sizes at the top level, the
+    verifier's embeddings and head copied in)."""
+    out = Path(out)
+    make_dflash(out, target_cfg, seed, layers, block_size, target_layer_ids, mask_token_id, std)
+    cfg = json.loads((out / "config.json").read_text())
+    from safetensors.torch import load_file
+
+    t = load_file(str(out / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed + 1000)
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    groups = h // group_size
+    for i in range(layers):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = 0.3 * torch.randn(2, kernel_size, h, generator=g)
+            base[:, 0] += 1.0  # near the identity, as trained ones start
+            t[f"layers.{i}.{conv}.base_kernel"] = base
+            t[f"layers.{i}.{conv}.kernel_projection.weight"] = torch.randn(2 * kernel_size * groups, h, generator=g) * std
+    t["candidate_selector.predecessor_codebook"] = torch.randn(v, rank, generator=g)
+    t["candidate_selector.successor_codebook"] = torch.randn(v, rank, generator=g)
+    t["candidate_selector.hidden_projection.weight"] = torch.randn(rank, h, generator=g) * 0.5
+    sizes = {"conv_kernel_size": kernel_size, "conv_group_size": group_size, "selector_rank": rank,
+             "selector_top_k": top_k}
+    if layout == "z-lab":
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        cfg["dflash_config"].update(sizes, block_size=block_size)
+    else:
+        block = cfg.pop("dflash_config")
+        for k in ("architectures", "block_size", "num_target_layers"):
+            cfg.pop(k)
+        cfg = {"speculators_model_type": "dflash2", "architectures": ["DFlash2DraftModel"],
+               "transformer_layer_config": cfg, "draft_vocab_size": v, "block_size": block_size,
+               "mask_token_id": block["mask_token_id"],
+               "aux_hidden_state_layer_ids": [i + 1 for i in block["target_layer_ids"]], **sizes,
+               "speculators_config": {"algorithm": "dflash2", "default_proposal_method": "greedy",
+                                      "proposal_methods": [{"proposal_type": "greedy",
+                                                            "speculative_tokens": block_size - 1}]}}
+        t["embed_tokens.weight"] = torch.zeros(v, h)
+        t["lm_head.weight"] = torch.zeros(v, h)
+        for name in ("predecessor_codebook", "successor_codebook"):  # the nn.Embedding variant's names
+            t[f"candidate_selector.{name}.weight"] = t.pop(f"candidate_selector.{name}")
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_sharded(t, out)
+    return out
+
+
 def make_eagle3(out: Path, target_cfg: dict, seed: int = 2, draft_vocab: int = 200, head_dim: int | None = None,
                 layout: str = "midlayer.", std: float = 0.08, **extra) -> Path:
     """A random EAGLE-3 drafter in the native EAGLE/SpecForge layout (midlayer.*, d2t offsets, t2d mask)."""

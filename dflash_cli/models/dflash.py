@@ -78,6 +78,12 @@ def layer_attention(raw: dict, block: dict, layers: int, path: Path,
     return tuple(out), rule
 
 
+def is_dflash2(raw: dict) -> bool:
+    """Whether a drafter config.json is a DFlash 2 one (models/dflash2.py): its architecture or its module sizes."""
+    arch, block = raw.get("architectures") or [], raw.get("dflash_config") or {}
+    return any(a.startswith("DFlash2") for a in arch) or any(k in block or k in raw for k in DFLASH2_MARKERS)
+
+
 def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """z-lab's default spread of target layers when the config names none."""
     if num_draft_layers == 1:
@@ -87,12 +93,15 @@ def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list
 
 
 class DFlashConfig:
+    dflash2 = False  # DFlash 2's config (models/dflash2.py) reads these fields and its own
+
     def __init__(self, raw: dict, path: Path, window: int | None = None):
         """window: a sliding window for every layer that has none (layer_attention)."""
         arch = raw.get("architectures") or []
         block = raw.get("dflash_config") or {}
-        if any(a.startswith("DFlash2") for a in arch) or any(k in block or k in raw for k in DFLASH2_MARKERS):
-            raise DflashError(f"{path} is a DFlash 2 drafter (dynamic convolutions, candidate selector): not supported")
+        if is_dflash2(raw) and not self.dflash2:
+            raise DflashError(f"{path} is a DFlash 2 drafter (dynamic convolutions, candidate selector): "
+                              "load it as one (--draft dflash2, or its folder)")
         if arch and not any("DFlash" in a for a in arch):
             raise DflashError(f"{path} is not a DFlash drafter (architectures: {', '.join(arch)})")
         self.model = Qwen3Config.from_dict(raw, path, sliding=True)

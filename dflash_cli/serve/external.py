@@ -15,6 +15,10 @@ from ..loading.config import read_json
 from ..registry import ModelEntry
 
 DFLASH_DEFAULT_BLOCK = 16  # a DFlash checkpoint's block_size when its config.json is not on disk (z-lab's -b16)
+# Each drafter kind as the engines name it: vLLM's --speculative-config method, SGLang's --speculative-algorithm.
+# DFlash 2 runs as DFlash in both, which switch its convolutions and selector on from the checkpoint (vLLM #52816:
+# architecture DFlash2DraftModel under method "dflash"; SGLang #35371: the four module sizes in its config).
+METHODS = {"dflash": ("dflash", "DFLASH"), "dflash2": ("dflash", "DFLASH"), "eagle3": ("eagle3", "EAGLE3")}
 
 
 def installed(engine: str) -> bool:
@@ -25,16 +29,16 @@ def installed(engine: str) -> bool:
 
 def pick_draft(entry: ModelEntry, draft: str | None) -> str:
     draft = draft or ("dflash" if "dflash" in entry.drafters else "none")
-    if draft not in ("none", "dflash", "eagle3"):
-        raise DflashError(f"with --engine vllm or sglang, --draft takes none, dflash or eagle3 (got '{draft}')")
+    if draft != "none" and draft not in METHODS:
+        raise DflashError(f"with --engine vllm or sglang, --draft takes none, dflash, dflash2 or eagle3 (got '{draft}')")
     if draft != "none" and draft not in entry.drafters:
         raise DflashError(f"model '{entry.name}' has no {draft} drafter in the registry")
     return draft
 
 
 def draft_tokens(entry: ModelEntry, draft: str, draft_len: int | None) -> int:
-    """Draft tokens per step: --draft-len, else what our engine would use (DFlash: the checkpoint's block - 1,
-    EAGLE-3: the registry's draft_len)."""
+    """Draft tokens per step: --draft-len, else what our engine would use (DFlash, DFlash 2: the checkpoint's
+    block - 1, EAGLE-3: the registry's draft_len)."""
     if draft_len is not None:
         if draft_len < 1:
             raise DflashError(f"--draft-len must be >= 1 (got {draft_len})")
@@ -42,9 +46,10 @@ def draft_tokens(entry: ModelEntry, draft: str, draft_len: int | None) -> int:
     if draft == "eagle3":
         return entry.draft_len or 7
     block = DFLASH_DEFAULT_BLOCK
-    folder = entry.drafters["dflash"].cached()
+    folder = entry.drafters[draft].cached()
     if folder is not None and (folder / "config.json").is_file():
-        block = int(read_json(folder / "config.json", "drafter config").get("block_size", block))
+        raw = read_json(folder / "config.json", "drafter config")  # top level, or z-lab's DFlash 2 dflash_config
+        block = int(raw.get("block_size") or (raw.get("dflash_config") or {}).get("block_size") or block)
     return block - 1
 
 
@@ -65,7 +70,7 @@ def launch_command(engine: str, entry: ModelEntry, *, draft: str | None = None, 
     if engine == "vllm":
         argv = ["vllm", "serve", target, "--served-model-name", entry.name]
         if drafter:
-            spec = {"method": draft, "model": drafter, "num_speculative_tokens": k}
+            spec = {"method": METHODS[draft][0], "model": drafter, "num_speculative_tokens": k}
             argv += ["--speculative-config", json.dumps(spec)]
         argv += ["--tensor-parallel-size", str(tensor_parallel)]
         if context:
@@ -75,7 +80,7 @@ def launch_command(engine: str, entry: ModelEntry, *, draft: str | None = None, 
     elif engine == "sglang":
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", target, "--served-model-name", entry.name]
         if drafter:
-            argv += ["--speculative-algorithm", {"dflash": "DFLASH", "eagle3": "EAGLE3"}[draft],
+            argv += ["--speculative-algorithm", METHODS[draft][1],
                      "--speculative-draft-model-path", drafter]
             if draft == "eagle3":  # a chain of k drafts: k steps, one candidate each, k + 1 verified tokens
                 argv += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]

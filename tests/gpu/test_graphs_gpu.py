@@ -11,6 +11,7 @@ import torch
 from dflash_cli.runtime.generation import PlainDecoder, Request, generate
 from dflash_cli.runtime.drafters.base import Drafter
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
@@ -116,13 +117,13 @@ class Oracle(Drafter):
         return drafts, q
 
 
-@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+@pytest.mark.parametrize("kind", ["dflash", "eagle3", "dflash2"])
 def test_speculative_is_lossless_with_graphs_fp32(kind):
     # fp32 on the GPU (no TF32): decode and verify round alike up to rare near-ties.
     torch.backends.cuda.matmul.allow_tf32 = False
     model = random_target("qwen3-4b", "cuda", torch.float32, seed=3, max_position_embeddings=4096)
     drafter = random_drafter("qwen3-4b", kind, model)
-    proposer = DFlashProposer(drafter) if kind == "dflash" else Eagle3Proposer(drafter)
+    proposer = {"dflash": DFlashProposer, "eagle3": Eagle3Proposer, "dflash2": DFlash2Proposer}[kind](drafter)
     g = torch.Generator().manual_seed(4)
     for trial in range(3):
         prompt = torch.randint(0, model.cfg.vocab_size, (40 + trial,), generator=g).tolist()

@@ -10,6 +10,7 @@ import torch
 
 from dflash_cli.runtime.generation import PlainDecoder, Request, generate
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams, begin, probabilities
 from dflash_cli.runtime.session import Session
@@ -20,21 +21,23 @@ from test_foundation_gpu import report
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-KINDS = ["none", "dflash", "eagle3"]
+KINDS = ["none", "dflash", "eagle3", "dflash2"]
 QWEN3 = SamplingParams(temperature=0.6, top_p=0.95, top_k=20)  # the registry's defaults
 
 
 @pytest.fixture(scope="module")
 def models():
     target = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0, max_position_embeddings=4096)
-    return target, random_drafter("qwen3-4b", "dflash", target), random_drafter("qwen3-4b", "eagle3", target)
+    return (target, random_drafter("qwen3-4b", "dflash", target), random_drafter("qwen3-4b", "eagle3", target),
+            random_drafter("qwen3-4b", "dflash2", target))
 
 
 def decoder(models, kind):
     if kind == "none":
         return PlainDecoder()
-    proposer = DFlashProposer(models[1]) if kind == "dflash" else Eagle3Proposer(models[2])
-    return SpeculativeDecoder(proposer)
+    make = {"dflash": lambda: DFlashProposer(models[1]), "eagle3": lambda: Eagle3Proposer(models[2]),
+            "dflash2": lambda: DFlash2Proposer(models[3])}
+    return SpeculativeDecoder(make[kind]())
 
 
 def with_seed(params: SamplingParams, seed) -> SamplingParams:

@@ -41,10 +41,8 @@ class DFlashProposer(Drafter):
         # Graphs built for another path (replay vs eager static forward) are rebuilt, not reused.
         if path in ("graphs", "static") and (self.graphs is None or self.graphs[0].requested != use):
             def draft(ids, positions, window, mode=None):
-                span = StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False,
-                                  layer_masks=m.c.layer_masks)
-                logits = m.block_logits(ids, span)
-                return logits if mode is None else self._sampled(logits, mode)  # sampled: drafts, q inside
+                return self._block(ids, StaticSpan(self.cache, positions, window, self.cos, self.sin, causal=False,
+                                                   layer_masks=m.c.layer_masks), mode)
 
             def absorb(hidden, positions, window):
                 span = StaticSpan(self.cache, positions, window, self.cos, self.sin)
@@ -87,8 +85,7 @@ class DFlashProposer(Drafter):
         if self.fast is not None:
             return self._proposal(self.fast(block, self.ctx_len, mode), mode, k)
         span = self._block_span(len(block))
-        drafts = self._sampled(self.model.block_logits(upload(block, self.model.device), span), mode)
-        return self._proposal(drafts, mode, k)
+        return self._proposal(self._block(upload(block, self.model.device), span, mode), mode, k)
 
     def propose_ahead(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
                       bonus: torch.Tensor, k: int, params: SamplingParams, gen):
@@ -104,7 +101,7 @@ class DFlashProposer(Drafter):
         mode = sampling.mode(params)
         extra = () if mode is None else (mode,)
         out = self.fast.staged(k + 1, block, *extra)
-        return (ops.argmax_rows(out), None) if mode is None else self._proposal(out, mode, k)
+        return (self._tokens(out), None) if mode is None else self._proposal(out, mode, k)
 
     def commit(self, length: int) -> None:
         self.ctx_len = length
@@ -121,6 +118,16 @@ class DFlashProposer(Drafter):
         """The eager span of a block at ctx_len: non-causal, or per layer as the drafter's config says."""
         return Span(self.cache, self.ctx_len, rows, self.cos, self.sin, causal=False,
                     layer_masks=self.model.c.layer_masks)
+
+    def _block(self, ids: torch.Tensor, span, mode: str | None = None) -> torch.Tensor:
+        """The block's forward at `span`: its draft rows' logits (greedy), or with a sampled mode the drafts drawn
+        from them, their q rows written inside (the draft step's graph holds both)."""
+        logits = self.model.block_logits(ids, span)
+        return logits if mode is None else self._sampled(logits, mode)
+
+    def _tokens(self, out: torch.Tensor) -> torch.Tensor:
+        """The greedy drafts of a greedy block's output."""
+        return ops.argmax_rows(out)
 
     def _sampled(self, logits: torch.Tensor, mode: str) -> torch.Tensor:
         """Drafts drawn from the block's filtered rows [k, V], their q rows written to the sampler's buffer (where the
