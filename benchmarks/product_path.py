@@ -121,26 +121,24 @@ def chat(mode: str, temp: float, turns: int = 5, tokens: int = 200) -> list[tupl
 
 
 def bench(mode: str, temp: float, prompts: Path) -> float | None:
-    report = ROOT / f"bench_{mode}_{temp}.json"
     # bench samples with the temperature alone (it has no top-p / top-k)
-    cmd = [sys.executable, "-m", "dflash_cli", "bench", "--model", str(ROOT / "target"), "--draft", draft(mode),
-           "--prompts", str(prompts), "--max-tokens", str(MAX_TOKENS), "--json", str(report), "--temperature", str(temp)]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
-    if out.returncode != 0:
-        print(f"  bench {mode} T={temp}: {out.stderr.strip().splitlines()[-1:]}")
-        return None
-    modes = json.loads(report.read_text())["modes"]
-    return next(m["decode_tok_per_s"] for m in modes if m["draft_kind"] == mode)
+    return run_bench(mode, ROOT / f"bench_{mode}_{temp}.json", f"T={temp}",
+                     ["--model", str(ROOT / "target"), "--draft", draft(mode), "--prompts", str(prompts),
+                      "--temperature", str(temp)])
 
 
 def forced_bench(mode: str, tau: float) -> float | None:
     """`dflash bench --synthetic` at a forced τ: Qwen3-4B shapes and random weights, as the local checkpoints."""
-    report = ROOT / f"bench_{mode}_tau{tau}.json"
-    cmd = [sys.executable, "-m", "dflash_cli", "bench", "--model", "qwen3-4b", "--synthetic", "--synthetic-tau",
-           str(tau), "--draft", mode, "--max-tokens", str(MAX_TOKENS), "--json", str(report)]
+    return run_bench(mode, ROOT / f"bench_{mode}_tau{tau}.json", f"--synthetic τ {tau}",
+                     ["--model", "qwen3-4b", "--synthetic", "--synthetic-tau", str(tau), "--draft", mode])
+
+
+def run_bench(mode: str, report: Path, label: str, args: list[str]) -> float | None:
+    """`dflash bench ARGS` of MAX_TOKENS tokens: the mode's decode tok/s from its JSON report (None: it failed)."""
+    cmd = [sys.executable, "-m", "dflash_cli", "bench", *args, "--max-tokens", str(MAX_TOKENS), "--json", str(report)]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
     if out.returncode != 0:
-        print(f"  bench --synthetic {mode} τ {tau}: {out.stderr.strip().splitlines()[-1:]}")
+        print(f"  bench {mode} {label}: {out.stderr.strip().splitlines()[-1:]}")
         return None
     modes = json.loads(report.read_text())["modes"]
     return next(m["decode_tok_per_s"] for m in modes if m["draft_kind"] == mode)
