@@ -1,8 +1,8 @@
 """GPU: the commands users type, in fresh processes, against `dflash bench` on the same checkpoints (issue: the
 product path at engine speed).
 
-Writes Qwen3-4B-shaped random-weight checkpoints in Hub layout to local folders (target, DFlash-b16 and EAGLE-3
-drafters of the published shapes; the demo's tokenizer, whose ids the random model mostly does not emit, so the
+Writes Qwen3-4B-shaped random-weight checkpoints in Hub layout to local folders (target, DFlash-b16, EAGLE-3 and
+DFlash 2 drafters of the published shapes; the demo's tokenizer, whose ids the random model mostly does not emit, so the
 text is near empty and only the speed is measured), then, per mode (none / dflash / eagle3) and temperature (0, and
 0.6 with top-p 0.95 and top-k 20), runs `dflash generate --json` of MAX_TOKENS tokens in a fresh process and
 `dflash bench` on the same prompt, and prints: command start to first token, TTFT after load, decode tok/s, CUDA
@@ -12,7 +12,7 @@ the same shapes, greedy.
 
 Then a scripted 5-turn `dflash chat` (200 tokens a turn) per mode and temperature: decode tok/s and TTFT by turn.
 
-Env: ROOT (checkpoint folder, default /tmp/product), MAX_TOKENS (512), MODES (none,dflash,eagle3), TEMPS (0,0.6),
+Env: ROOT (checkpoint folder, default /tmp/product), MAX_TOKENS (512), MODES (none,dflash,eagle3; dflash2 too), TEMPS (0,0.6),
 PROMPT_TOKENS (short prompt: 0; else a prompt of about that many tokens), CHAT (1: the chat table too), FORCED_TAU
 (6; 0: no forced rows).
 Run: PYTHONUNBUFFERED=1 python benchmarks/product_path.py
@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dflash_cli.models.dflash import DFlashConfig, checkpoint_shapes as dflash_shapes  # noqa: E402
+from dflash_cli.models.dflash2 import DFlash2Config, checkpoint_shapes as dflash2_shapes  # noqa: E402
 from dflash_cli.models.eagle3 import Eagle3Config  # noqa: E402
 from dflash_cli.models.qwen3 import checkpoint_shapes  # noqa: E402
 from dflash_cli.synthetic import target_config, random_tensors, shipped_configs  # noqa: E402
@@ -53,8 +54,8 @@ def write(folder: Path, config: dict, tensors: dict) -> None:
 
 
 def checkpoints() -> None:
-    """The three folders, written once (a later run reuses them)."""
-    if (ROOT / "eagle3" / "model.safetensors").is_file():
+    """The folders, written once (a later run reuses them)."""
+    if (ROOT / "dflash2" / "model.safetensors").is_file():
         return
     shipped = shipped_configs("qwen3-4b")
     cfg = target_config("qwen3-4b")
@@ -70,6 +71,8 @@ def checkpoints() -> None:
     tensors = random_tensors(e.checkpoint_shapes(), "cuda", torch.bfloat16, seed=2)
     tensors.update(e.identity_maps("cuda"))
     write(ROOT / "eagle3", shipped["eagle3"], tensors)
+    d2 = DFlash2Config(shipped["dflash2"], Path("dflash2"))
+    write(ROOT / "dflash2", shipped["dflash2"], random_tensors(dflash2_shapes(d2), "cuda", torch.bfloat16, seed=3))
     torch.cuda.empty_cache()
 
 
