@@ -192,7 +192,8 @@ class Qwen35Model:
         rows = ids.shape[0]
         if hold and rows > state.max_rows:
             raise ValueError(f"a held forward keeps at most {state.max_rows} rows")
-        state.begin()
+        positions = getattr(span, "positions", None)  # a StaticSpan's, on the device (a hybrid's rows: consecutive)
+        state.begin(span.start if positions is None else positions[:1])
         h = self.embed[ids]
         captured = {0: h} if 0 in capture else {}
         eps = self.cfg.rms_norm_eps
