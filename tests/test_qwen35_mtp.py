@@ -260,3 +260,21 @@ def test_generate_cli_with_draft_mtp(tmp_path, cli):
                          (make_qwen35(tmp_path / "bare", extras=False), "no multi-token-prediction weights")):
         r = cli("generate", "-m", folder, "-p", "hi", "--raw", "-n", "4", "--draft", "mtp", "--device", "cpu")
         assert r.code != 0 and "error:" in r.err and says in r.err and "Traceback" not in r.err, r.err
+
+
+def test_synthetic_mtp_drafter():
+    """--synthetic --draft mtp: a random MTP of a Qwen3.5 entry's shapes drafts losslessly; a Qwen3 entry has none."""
+    from dflash_cli.errors import DflashError
+    from dflash_cli.synthetic import random_drafter, random_target
+
+    model = random_target("qwen3.5-4b", "cpu", torch.float32, vocab_size=512, hidden_size=64, intermediate_size=96,
+                          num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                          head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16, max_position_embeddings=128)
+    mtp = random_drafter("qwen3.5-4b", "mtp", model)
+    req = Request([5, 6, 7, 8], GREEDY, 12)
+    res = generate(Session(model, 64, path="static"), SpeculativeDecoder(MtpProposer(mtp)), req)
+    assert res.tokens == generate(Session(model, 64), PlainDecoder(), req).tokens
+    qwen3 = random_target("qwen3-4b", "cpu", torch.float32, vocab_size=256, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    with pytest.raises(DflashError, match="no multi-token-prediction layer"):
+        random_drafter("qwen3-4b", "mtp", qwen3)

@@ -144,7 +144,7 @@ class BenchTarget:
         from ..runtime.drafters import LOADERS
 
         if mode not in LOADERS:
-            raise DflashError(f"--synthetic takes drafter kinds (dflash, eagle3), not '{mode}'")
+            raise DflashError(f"--synthetic takes drafter kinds (dflash, eagle3, mtp), not '{mode}'")
         proposer = _proposer(mode, random_drafter(self.name, mode, self.model))
         # As for real drafters: DFlash's block is fixed by the checkpoint, EAGLE-3's chain by the registry.
         k = self.o.draft_len or (self.entry.draft_len if mode == "eagle3" else None)
@@ -157,6 +157,10 @@ def _proposer(kind: str, drafter):
         from ..runtime.drafters.dflash import DFlashProposer
 
         return DFlashProposer(drafter)
+    if kind == "mtp":
+        from ..runtime.drafters.mtp import MtpProposer
+
+        return MtpProposer(drafter)
     from ..runtime.drafters.eagle3 import Eagle3Proposer
 
     return Eagle3Proposer(drafter)
