@@ -127,7 +127,8 @@ class Layer:
         """The layer under prefix p (a "full_attention" or a "linear_attention" one), its tensors popped from t."""
         mixer = (GatedAttention.take(t, p + "self_attn.", cfg) if kind == "full_attention"
                  else GatedDeltaNet.take(t, p + "linear_attn."))
-        return cls(mixer, slot, 1 + t.pop(p + "input_layernorm.weight"), 1 + t.pop(p + "post_attention_layernorm.weight"),
+        return cls(mixer, slot, 1 + t.pop(p + "input_layernorm.weight"),
+                   1 + t.pop(p + "post_attention_layernorm.weight"),
                    torch.cat([t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")]),
                    t.pop(p + "mlp.down_proj.weight"))
 
