@@ -25,7 +25,7 @@ TopK = Annotated[Optional[int], typer.Option("--top-k", help="Sample among the K
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling (same seed, same answer).")]
 System = Annotated[Optional[str], typer.Option("--system", help="System prompt placed before the conversation.")]
 Think = Annotated[Optional[bool], typer.Option("--think/--no-think", help="Qwen3 thinking mode (default: the template's).")]
-Draft = Annotated[Optional[str], typer.Option("--draft", help="none, dflash, dflash2, eagle3, or a drafter folder / Hub repo (default: dflash if registered).")]
+Draft = Annotated[Optional[str], typer.Option("--draft", help="none, dflash, dflash2, eagle3, mtp (a Qwen3.5 model's own MTP layer), or a drafter folder / Hub repo (default: dflash if registered).")]
 DraftLen = Annotated[Optional[int], typer.Option("--draft-len", help="Draft tokens per step, up to the drafter's maximum (default: the drafter's block or the registry's).")]
 ShowDrafts = Annotated[bool, typer.Option("--show-drafts", help="Colour tokens that came from accepted drafts.")]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (default: 1 for small models, else the physical cores available).")]
@@ -95,7 +95,7 @@ class BenchOptions:
     """Compare plain decoding and drafters on the same prompts."""
 
     model: Model = None
-    draft: Annotated[str, typer.Option("--draft", help="Comma-separated modes: none, dflash, dflash2, eagle3, drafter paths/repos.")] = "none,dflash"
+    draft: Annotated[str, typer.Option("--draft", help="Comma-separated modes: none, dflash, dflash2, eagle3, mtp, drafter paths/repos.")] = "none,dflash"
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="JSONL file, one {\"prompt\": ...} per line (default: the model's own set, else a built-in mix).")] = None
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt and run.")] = 256
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (bench default).")] = 0.0

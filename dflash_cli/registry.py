@@ -12,7 +12,7 @@ from .errors import DflashError
 
 PACKAGED = Path(__file__).with_name("models.toml")
 PACKAGE_PREFIX = "pkg:"  # a folder shipped inside the package (the embedded demo)
-DRAFT_KINDS = ("dflash", "dflash2", "eagle3")
+DRAFT_KINDS = ("dflash", "dflash2", "eagle3", "mtp")  # mtp: the target's own multi-token-prediction layer
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

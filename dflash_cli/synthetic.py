@@ -68,7 +68,14 @@ def random_target(name: str, device, dtype, seed: int = 0, **over):
 
 
 def random_drafter(name: str, kind: str, target, seed: int = 1):
-    """A random drafter of `kind` with the shapes of the entry's published drafter."""
+    """A random drafter of `kind` with the shapes of the entry's published drafter (mtp: of the target's own MTP
+    layer, which every Qwen3.5 checkpoint ships)."""
+    if kind == "mtp":
+        from .models.mtp import MtpDrafter, checkpoint_shapes as mtp_shapes
+
+        if not isinstance(target.cfg, Qwen35Config):
+            raise DflashError(f"'{name}' is not a Qwen3.5 model: it has no multi-token-prediction layer")
+        return MtpDrafter(random_tensors(mtp_shapes(target.cfg), target.device, target.dtype, seed), target)
     raw = shipped_configs(name).get(kind)
     if raw is None:
         raise DflashError(f"no synthetic {kind} drafter shapes for '{name}'")

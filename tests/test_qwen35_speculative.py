@@ -2,7 +2,9 @@
 (the closed-form fold, n read from device memory) and any later rollback (a stop id or max_tokens inside an accepted
 span, a dropped look-ahead) rewinds within the last forward. float32 on CPU, greedy speculative tokens equal plain
 greedy tokens, on the eager and the static (graph-capturable) paths, with DFlash, EAGLE-3 and scripted proposers that
-are rejected at every position; two chat turns on one session."""
+are rejected at every position; two chat turns on one session. At temperature > 0 the target's distribution with a
+DFlash drafter (chi-square); a chat turn interrupted (Ctrl-C) in its prefill or mid-answer, before, inside or after a
+forward, leaves the state from which the next turn answers as a never-interrupted session does."""
 
 from __future__ import annotations
 
@@ -183,3 +185,138 @@ def test_served_prefix_reuse_on_a_hybrid_target(tmp_path):
         fresh = Engine(str(target), "none", None, "cpu", "float32", context=128)
         assert got == fresh.run(Job(list(prompt), 6, GREEDY, ignore_eos=True)).tokens, prompt
     assert extended is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling on a hybrid target: the target's distribution with a DFlash drafter (as test_speculative_sampling's)
+
+SAMPLED = {  # (params, draft length, runs)
+    "T1-k1": (SamplingParams(temperature=1.0), 1, 1000),
+    "topk-topp-k3": (SamplingParams(temperature=1.3, top_k=6, top_p=0.9), 3, 800),
+}
+
+
+@pytest.fixture(scope="module")
+def small_hybrid(tmp_path_factory):
+    """A hybrid target over 8 tokens (one Gated DeltaNet, one attention layer) with flat next-token distributions,
+    and a DFlash drafter conditioned on both layers."""
+    from test_speculative_sampling import VOCAB as V
+    from tiny import make_predictable_qwen35
+
+    root = tmp_path_factory.mktemp("small_hybrid")
+    target = Qwen35Model.load(make_predictable_qwen35(
+        root / "t", damp=1.0, head=0.2, seed=4, with_tokenizer=False, vocab_size=V, hidden_size=32,
+        intermediate_size=64, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2))
+    shape = qwen3_config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    drafter = DFlashDrafter.load(make_dflash(root / "dflash", shape, seed=5, layers=1, block_size=5,
+                                             target_layer_ids=[0, 1], std=0.05), target)
+    return target, drafter
+
+
+@pytest.mark.parametrize("path,config", [("eager", "T1-k1"), ("static", "T1-k1"), ("static", "topk-topp-k3")])
+def test_sampled_dflash_on_a_hybrid_keeps_the_target_distribution(small_hybrid, path, config):
+    """The joint distribution of the first three tokens (the last two from a speculative step whose verify folds the
+    recurrent state at the sampled accepted count) equals the plain sampler's exact one: chi-square."""
+    from test_speculative_sampling import PROMPT, assert_fits, exact_joint
+
+    target, drafter = small_hybrid
+    params, draft_len, runs = SAMPLED[config]
+    decoder = SpeculativeDecoder(DFlashProposer(drafter), draft_len)
+    joint = exact_joint(target, params)
+    counts = torch.zeros_like(joint)
+    accepted = drafted = 0
+    for seed in range(runs):
+        p = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
+        res = generate(Session(target, 16, path=path), decoder, Request(PROMPT, p, max_tokens=3))
+        assert len(res.tokens) == 3 and sum(len(s.emitted) for s in res.steps) == 2
+        counts[tuple(res.tokens)] += 1
+        accepted += min(res.steps[0].accepted, 2)
+        drafted += min(len(res.steps[0].draft), 2)
+    assert 0.02 < accepted / drafted < 0.95, accepted / drafted  # both branches of the rejection sampler
+    assert_fits(counts.sum(-1), joint.sum(-1), f"{config}: tokens 1-2")
+    assert_fits(counts, joint, f"{config}: tokens 1-3")
+    assert_fits(counts.sum(0), joint.sum(0), f"{config}: tokens 2-3")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C in a chat turn on a hybrid target: the next turn answers as a never-interrupted session does
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory):
+    from tiny import make_predictable_qwen35
+
+    return make_predictable_qwen35(tmp_path_factory.mktemp("chat_hybrid") / "t", seed=9)
+
+
+# Where the interrupt lands in the second turn: the n-th call of a Gated DeltaNet layer (3 per forward), raised
+# before it runs ("mid") or after it ran ("after"), or the n-th start of a forward (RecurrentState.begin, before
+# it keeps the state it starts from). Forward 1 is the turn's prefill; later ones its decode steps or verifies.
+INTERRUPTS = {
+    "prefill-mid-forward": ("delta_net", 2, "mid"),
+    "prefill-after-forward": ("delta_net", 3, "after"),
+    "answer-mid-forward": ("delta_net", 3 * 4 + 2, "mid"),
+    "answer-after-forward": ("delta_net", 3 * 4 + 3, "after"),
+    "prefill-before-forward": ("begin", 1, "mid"),
+    "answer-before-forward": ("begin", 5, "mid"),
+}
+
+
+@pytest.mark.parametrize("draft", ["none", "mtp"])
+@pytest.mark.parametrize("where", list(INTERRUPTS))
+def test_chat_turn_interrupted_then_the_next_turn(chat_target, monkeypatch, draft, where):
+    import io
+
+    from rich.console import Console
+
+    from dflash_cli.commands import chat as chat_cmd
+    from dflash_cli.commands.chat import ChatOptions, ChatRepl
+    from dflash_cli.layers.recurrent_state import RecurrentState
+
+    turns = []  # (ids fed, request, result) of every generation
+    real_generate = chat_cmd.generate
+
+    def spy(session, decoder, req, **kw):
+        ids = session.pending + list(req.prompt_ids)
+        res = real_generate(session, decoder, req, **kw)
+        turns.append((ids, req, res))
+        return res
+
+    monkeypatch.setattr(chat_cmd, "generate", spy)
+    repl = ChatRepl(ChatOptions(model=str(chat_target), temperature=0.0, max_tokens=12, draft=draft),
+                    Console(file=io.StringIO(), width=200))
+    repl.bundle.tokenizer.stop_ids = []  # answers of max_tokens tokens
+    repl.answer("Hello there, tell me about the weather.")
+
+    owner, at, when = INTERRUPTS[where]
+    cls = Qwen35Model if owner == "delta_net" else RecurrentState
+    real, calls = getattr(cls, owner), []
+
+    def interrupting(*args, **kw):
+        calls.append(1)
+        if len(calls) == at and when == "mid":
+            raise KeyboardInterrupt
+        out = real(*args, **kw)
+        if len(calls) == at:
+            raise KeyboardInterrupt
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(cls, owner, interrupting)
+        repl.answer("And tomorrow? Tell me a long story about it.")
+    assert len(calls) >= at, "the interrupt never came"
+    assert turns[1][2].interrupted
+    repl.answer("Go on.")
+    assert not turns[2][2].interrupted and turns[2][2].tokens
+
+    # What the session holds: every turn that produced tokens (its ids and all its tokens but the pending last), then
+    # the last turn's ids; a turn interrupted before any token left nothing (its pending token went back).
+    history = []
+    for ids, _, res in turns[:2]:
+        if res.tokens:
+            history += ids + res.tokens[:-1]
+    ids, req, res = turns[2]
+    fresh = generate(Session(repl.session.model, repl.session.max_len), PlainDecoder(),
+                     Request(history + ids, GREEDY, req.max_tokens, req.stop_ids))
+    assert res.tokens == fresh.tokens

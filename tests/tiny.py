@@ -315,11 +315,25 @@ def random_qwen35_tensors(text: dict, seed: int = 0, std: float = 0.08) -> dict[
     return t
 
 
+def random_mtp_tensors(text: dict, seed: int = 0, std: float = 0.08, prefix: str = "mtp.") -> dict[str, torch.Tensor]:
+    """The multi-token-prediction layer every Qwen3.5 checkpoint ships: fc [H, 2H], the two pre-fc (1 + w) norms, a
+    full-attention decoder layer (mtp.layers.0.*) and its final norm; `prefix` "model.mtp." as some exports write it."""
+    one = random_qwen35_tensors(dict(text, layer_types=["full_attention"], tie_word_embeddings=True), seed, std)
+    layer = "model.language_model.layers.0."
+    t = {prefix + "layers.0." + k[len(layer):]: v for k, v in one.items() if k.startswith(layer)}
+    g = torch.Generator().manual_seed(seed + 1)
+    h = text["hidden_size"]
+    t[prefix + "fc.weight"] = torch.randn(h, 2 * h, generator=g) * std
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        t[prefix + name + ".weight"] = 0.1 * torch.randn(h, generator=g)
+    return t
+
+
 def make_qwen35(out: Path, seed: int = 0, shards: int = 1, with_tokenizer: bool = True, extras: bool = True,
-                **over) -> Path:
+                mtp_prefix: str = "mtp.", **over) -> Path:
     """A random-weight Qwen3.5 checkpoint as the Hub publishes them (Qwen3_5ForConditionalGeneration: text tower
-    under model.language_model.), with dummy vision (model.visual.*) and MTP (mtp.*) tensors that a text target
-    must ignore where `extras`."""
+    under model.language_model.), with dummy vision (model.visual.*) and a random MTP layer (mtp.*, under
+    `mtp_prefix`) that a text target must ignore, where `extras` (without: a checkpoint with neither)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     text = qwen35_text_config(**over)
@@ -334,13 +348,35 @@ def make_qwen35(out: Path, seed: int = 0, shards: int = 1, with_tokenizer: bool 
         (out / "generation_config.json").write_text(
             json.dumps({"eos_token_id": [im_end, eot], "pad_token_id": eot, "temperature": 0.6, "top_p": 0.95,
                         "top_k": 20}))
+    if extras:
+        text.update(mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False)
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     tensors = random_qwen35_tensors(text, seed)
     if extras:
-        h = text["hidden_size"]
         tensors.update({"model.visual.patch_embed.proj.weight": torch.zeros(32, 3, 2, 4, 4),
-                        "model.visual.blocks.0.attn.qkv.weight": torch.zeros(96, 32),
-                        "mtp.fc.weight": torch.zeros(h, 2 * h), "mtp.norm.weight": torch.zeros(h),
-                        "mtp.layers.0.self_attn.q_proj.weight": torch.zeros(8, h)})
+                        "model.visual.blocks.0.attn.qkv.weight": torch.zeros(96, 32)})
+        tensors.update(random_mtp_tensors(text, seed + 100, prefix=mtp_prefix))
     save_sharded(tensors, out, shards)
+    return out
+
+
+def make_predictable_qwen35(out: Path, damp: float = 0.5, head: float = 1.0, **kw) -> Path:
+    """make_qwen35 whose MTP drafts are often right: the target's layers are damped (their output projections times
+    `damp`), so that its next token depends mostly on the last one, and the MTP's fc passes the token's normed
+    embedding through (its layer adds little), so that it predicts what the target predicts from that token alone.
+    Speculative runs then accept every count of drafts, not only none. head: scales the (untied) head, < 1 for
+    flatter next-token distributions."""
+    from safetensors.torch import load_file
+
+    out = make_qwen35(out, **kw)
+    tensors = load_file(str(out / "model.safetensors"))
+    for name in list(tensors):
+        if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+            tensors[name] = tensors[name] * damp
+    if "lm_head.weight" in tensors:
+        tensors["lm_head.weight"] = tensors["lm_head.weight"] * head
+    fc = next(n for n in tensors if n.endswith("mtp.fc.weight"))
+    h = tensors[fc].shape[0]
+    tensors[fc] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    save_sharded(tensors, out)
     return out

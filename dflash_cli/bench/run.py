@@ -161,6 +161,10 @@ def _proposer(kind: str, drafter):
         from ..runtime.drafters.dflash2 import DFlash2Proposer
 
         return DFlash2Proposer(drafter)
+    if kind == "mtp":
+        from ..runtime.drafters.mtp import MtpProposer
+
+        return MtpProposer(drafter)
     from ..runtime.drafters.eagle3 import Eagle3Proposer
 
     return Eagle3Proposer(drafter)

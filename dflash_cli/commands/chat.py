@@ -25,8 +25,8 @@ __all__ = ["ChatOptions", "ChatRepl", "run_chat"]
 HELP = "commands: /help, /set, /load FILE, /save FILE, /clear, /system TEXT, /think on|off, /stats, /exit"
 HELP_LONG = """\
 /help                 this list
-/set NAME VALUE       change a setting: temperature, top_p, top_k, max_tokens, draft (none, dflash, dflash2, eagle3
-                      or a drafter path), draft_len; /set alone shows them
+/set NAME VALUE       change a setting: temperature, top_p, top_k, max_tokens, draft (none, dflash, dflash2, eagle3,
+                      mtp or a drafter path), draft_len; /set alone shows them
 /load FILE            continue a conversation saved with /save
 /save FILE            save the conversation as JSON
 /clear                start a new conversation

@@ -38,14 +38,21 @@ class RecurrentState:
         self.k = torch.zeros(layers, max_rows, k_heads, dk, **f32)  # l2-normalised keys
         self.delta = torch.zeros(layers, max_rows, v_heads, dv, **f32)
         self.g = torch.zeros(layers, max_rows, v_heads, **f32)
+        # The committed length S0 / conv0 hold: the start of the forward that kept them (-1: none yet).
+        self.s0_at = torch.full((1,), -1, dtype=torch.long, device=device)
         self.start, self.rows, self.at = 0, 0, 0
 
     # Device side: what a forward runs (capturable: fixed shapes, n may live in device memory).
 
-    def begin(self) -> None:
-        """A forward starts from the current state: keep it for a rewind."""
+    def begin(self, start) -> None:
+        """A forward at `start` (an int, or its first row's position on the device) starts from the current state:
+        keep it for a rewind."""
         self.S0.copy_(self.S)
         self.conv0.copy_(self.conv)
+        if torch.is_tensor(start):
+            self.s0_at.copy_(start.reshape(1))
+        else:
+            self.s0_at.fill_(start)
 
     def keep_rows(self, layer: int, x: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, g: torch.Tensor) -> None:
         """Record a forward's rows (T <= max_rows) of one layer for `fold`."""
@@ -72,13 +79,17 @@ class RecurrentState:
         self.conv.copy_(window.index_select(1, idx))
 
     def restart(self) -> None:
-        """Back to the state the last forward started from."""
-        self.S.copy_(self.S0)
-        self.conv.copy_(self.conv0)
+        """Back to the state the last forward (queued at `start`) started from. A forward interrupted before it kept
+        that state (Ctrl-C between its bookkeeping and its `begin`) never moved it: S0 then holds an older start, and
+        the state stays (a device-side choice: no host sync)."""
+        began = self.s0_at == self.start
+        self.S.copy_(torch.where(began, self.S0, self.S))
+        self.conv.copy_(torch.where(began, self.conv0, self.conv))
 
     def clear(self) -> None:
         self.S.zero_()
         self.conv.zero_()
+        self.s0_at.fill_(-1)
         self.start, self.rows, self.at = 0, 0, 0
 
     # Host side: which committed length the state holds, and the rewinds a lowered length needs.

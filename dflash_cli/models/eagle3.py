@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..layers import ops
+from ..layers.kv_cache import KVCache
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
@@ -131,6 +132,7 @@ class Eagle3Drafter:
         self.scale = c.head_dim**-0.5
         # Hidden-state indices as in transformers' `hidden_states`: the input of layer i is index i.
         self.capture = tuple(c.aux_layers)
+        self.width, self.vocab = c.hidden, c.vocab  # a fused state's features; the target's vocabulary
 
     @classmethod
     def load(cls, path: Path, target) -> "Eagle3Drafter":
@@ -154,6 +156,14 @@ class Eagle3Drafter:
                                optional={"d2t", "t2d", "embed_tokens.weight"}, rename=rename,
                                ignore_prefixes=("midlayer.self_attn.rotary_emb",))
         return cls(c, tensors, target, str(path))
+
+    def new_cache(self, rows: int) -> KVCache:
+        """The layer's KV cache of `rows` positions."""
+        c = self.c
+        return KVCache.allocate(1, rows, c.kv_heads, c.head_dim, self.dtype, self.device)
+
+    def rope_tables(self, rows: int):
+        return ops.rope_tables(self.c.head_dim, self.c.rope_theta, rows, self.device)
 
     def fuse(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target states [m, 3H] -> the drafter's fused states [m, H]."""

@@ -38,31 +38,37 @@ MAX_KEPT_ROWS = 32  # forwards of up to this many rows keep their rows for a rew
 
 def checkpoint_shapes(cfg: Qwen35Config) -> dict[str, tuple[int, ...]]:
     """Our tensor names (the text tower's, under model.) and their shapes."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    h = cfg.hidden_size
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for i, kind in enumerate(cfg.layer_types):
-        p = f"model.layers.{i}."
-        shapes.update({
-            f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,),
-            f"{p}mlp.gate_proj.weight": (cfg.intermediate_size, h), f"{p}mlp.up_proj.weight": (cfg.intermediate_size, h),
-            f"{p}mlp.down_proj.weight": (h, cfg.intermediate_size),
-        })
-        if kind == "full_attention":
-            a = f"{p}self_attn."
-            shapes.update({f"{a}q_proj.weight": (2 * nh * d, h), f"{a}k_proj.weight": (nkv * d, h),
-                           f"{a}v_proj.weight": (nkv * d, h), f"{a}o_proj.weight": (h, nh * d),
-                           f"{a}q_norm.weight": (d,), f"{a}k_norm.weight": (d,)})
-        else:
-            a, hv = f"{p}linear_attn.", cfg.linear_num_value_heads
-            kd, vd = cfg.linear_num_key_heads * cfg.linear_key_head_dim, hv * cfg.linear_value_head_dim
-            shapes.update({f"{a}in_proj_qkv.weight": (2 * kd + vd, h), f"{a}in_proj_z.weight": (vd, h),
-                           f"{a}in_proj_b.weight": (hv, h), f"{a}in_proj_a.weight": (hv, h),
-                           f"{a}conv1d.weight": (2 * kd + vd, 1, cfg.linear_conv_kernel_dim),
-                           f"{a}A_log": (hv,), f"{a}dt_bias": (hv,), f"{a}norm.weight": (cfg.linear_value_head_dim,),
-                           f"{a}out_proj.weight": (h, vd)})
+        shapes.update(layer_shapes(cfg, f"model.layers.{i}.", kind))
+    return shapes
+
+
+def layer_shapes(cfg: Qwen35Config, p: str, kind: str) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's tensors under prefix p: a "full_attention" or a "linear_attention" one."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    shapes = {
+        f"{p}input_layernorm.weight": (h,), f"{p}post_attention_layernorm.weight": (h,),
+        f"{p}mlp.gate_proj.weight": (cfg.intermediate_size, h), f"{p}mlp.up_proj.weight": (cfg.intermediate_size, h),
+        f"{p}mlp.down_proj.weight": (h, cfg.intermediate_size),
+    }
+    if kind == "full_attention":
+        a = f"{p}self_attn."
+        shapes.update({f"{a}q_proj.weight": (2 * nh * d, h), f"{a}k_proj.weight": (nkv * d, h),
+                       f"{a}v_proj.weight": (nkv * d, h), f"{a}o_proj.weight": (h, nh * d),
+                       f"{a}q_norm.weight": (d,), f"{a}k_norm.weight": (d,)})
+    else:
+        a, hv = f"{p}linear_attn.", cfg.linear_num_value_heads
+        kd, vd = cfg.linear_num_key_heads * cfg.linear_key_head_dim, hv * cfg.linear_value_head_dim
+        shapes.update({f"{a}in_proj_qkv.weight": (2 * kd + vd, h), f"{a}in_proj_z.weight": (vd, h),
+                       f"{a}in_proj_b.weight": (hv, h), f"{a}in_proj_a.weight": (hv, h),
+                       f"{a}conv1d.weight": (2 * kd + vd, 1, cfg.linear_conv_kernel_dim),
+                       f"{a}A_log": (hv,), f"{a}dt_bias": (hv,), f"{a}norm.weight": (cfg.linear_value_head_dim,),
+                       f"{a}out_proj.weight": (h, vd)})
     return shapes
 
 
@@ -116,6 +122,16 @@ class Layer:
     gate_up: torch.Tensor
     down: torch.Tensor
 
+    @classmethod
+    def take(cls, t: dict, p: str, kind: str, slot: int, cfg: Qwen35Config) -> "Layer":
+        """The layer under prefix p (a "full_attention" or a "linear_attention" one), its tensors popped from t."""
+        mixer = (GatedAttention.take(t, p + "self_attn.", cfg) if kind == "full_attention"
+                 else GatedDeltaNet.take(t, p + "linear_attn."))
+        return cls(mixer, slot, 1 + t.pop(p + "input_layernorm.weight"),
+                   1 + t.pop(p + "post_attention_layernorm.weight"),
+                   torch.cat([t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")]),
+                   t.pop(p + "mlp.down_proj.weight"))
+
 
 class Qwen35Model:
     """Batch-size-1 Qwen3.5 text model. Layer states are addressed like transformers' `hidden_states` (0: the
@@ -129,18 +145,10 @@ class Qwen35Model:
         self.layers = []
         slots = {"full_attention": 0, "linear_attention": 0}
         for i, kind in enumerate(cfg.layer_types):
-            p = f"model.layers.{i}."
-            mixer = (GatedAttention.take(tensors, p + "self_attn.", cfg) if kind == "full_attention"
-                     else GatedDeltaNet.take(tensors, p + "linear_attn."))
-            self.layers.append(Layer(mixer, slots[kind], 1 + tensors.pop(p + "input_layernorm.weight"),
-                                     1 + tensors.pop(p + "post_attention_layernorm.weight"),
-                                     torch.cat([tensors.pop(p + "mlp.gate_proj.weight"),
-                                                tensors.pop(p + "mlp.up_proj.weight")]),
-                                     tensors.pop(p + "mlp.down_proj.weight")))
+            self.layers.append(Layer.take(tensors, f"model.layers.{i}.", kind, slots[kind], cfg))
             slots[kind] += 1
         self.norm = 1 + tensors.pop("model.norm.weight")
         self.lm_head = self.embed if cfg.tie_word_embeddings else tensors.pop("lm_head.weight")
-        self.scale = cfg.head_dim**-0.5
         self.cos, self.sin = ops.rope_tables(cfg.rotary_dim, cfg.rope_theta, cfg.max_position_embeddings, self.device)
 
     @classmethod
@@ -185,36 +193,24 @@ class Qwen35Model:
         rows = ids.shape[0]
         if hold and rows > state.max_rows:
             raise ValueError(f"a held forward keeps at most {state.max_rows} rows")
-        state.begin()
+        positions = getattr(span, "positions", None)  # a StaticSpan's, on the device (a hybrid's rows: consecutive)
+        state.begin(span.start if positions is None else positions[:1])
         h = self.embed[ids]
         captured = {0: h} if 0 in capture else {}
         eps = self.cfg.rms_norm_eps
         for i, layer in enumerate(self.layers):
             x = ops.rms_norm(h, layer.input_norm, eps)
             if isinstance(layer.mixer, GatedAttention):
-                h = h + self.attention(layer.mixer, layer.slot, x, span)
+                h = h + gated_attention(self.cfg, layer.mixer, layer.slot, x, span)
             else:
                 h = h + self.delta_net(layer.mixer, layer.slot, x, state, hold)
-            h = h + ops.linear(ops.swiglu(ops.rms_norm(h, layer.post_norm, eps), layer.gate_up), layer.down)
+            h = mlp(layer, h, eps)
             if i + 1 in capture:
                 captured[i + 1] = h
         x = ops.rms_norm(h, self.norm, eps)
         logits = ops.logits(x if all_logits else x[-1:], self.lm_head)
         hidden = torch.cat([captured[j] for j in capture], dim=-1) if capture else None
         return ForwardOut(logits=logits, hidden=hidden)
-
-    def attention(self, a: GatedAttention, slot: int, x: torch.Tensor, span) -> torch.Tensor:
-        """Gated attention of the rows x [T, hidden] (normed) -> [T, hidden]."""
-        c = self.cfg
-        d, nh, nkv, r = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.rotary_dim
-        q, k, v, gate = ops.linear(x, a.qkvg).split([nh * d, nkv * d, nkv * d, nh * d], dim=-1)
-        q = ops.rms_norm(q.reshape(-1, nh, d), a.q_norm, c.rms_norm_eps)
-        k = ops.rms_norm(k.reshape(-1, nkv, d), a.k_norm, c.rms_norm_eps)
-        cos, sin = span.cos, span.sin  # [T, rotary_dim]
-        q = torch.cat([ops.apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]], dim=-1)
-        k = torch.cat([ops.apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]], dim=-1)
-        out = span.attend(slot, q, k, v.reshape(-1, nkv, d), self.scale)
-        return ops.linear(out * torch.sigmoid(gate), a.o)
 
     def delta_net(self, m: GatedDeltaNet, slot: int, x: torch.Tensor, state: RecurrentState,
                   hold: bool) -> torch.Tensor:
@@ -263,3 +259,21 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     """w * rms_norm(x) * silu(z): normed in float32, rounded to x's dtype, scaled, then gated in float32."""
     y = weight * ops.unit_rms_norm(x, eps)
     return (y * F.silu(z.float())).to(x.dtype)
+
+
+def gated_attention(c: Qwen35Config, a: GatedAttention, slot: int, x: torch.Tensor, span) -> torch.Tensor:
+    """Gated attention of the rows x [T, hidden] (normed) against the span's KV layer `slot` -> [T, hidden]."""
+    d, nh, nkv, r = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.rotary_dim
+    q, k, v, gate = ops.linear(x, a.qkvg).split([nh * d, nkv * d, nkv * d, nh * d], dim=-1)
+    q = ops.rms_norm(q.reshape(-1, nh, d), a.q_norm, c.rms_norm_eps)
+    k = ops.rms_norm(k.reshape(-1, nkv, d), a.k_norm, c.rms_norm_eps)
+    cos, sin = span.cos, span.sin  # [T, rotary_dim]
+    q = torch.cat([ops.apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]], dim=-1)
+    k = torch.cat([ops.apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]], dim=-1)
+    out = span.attend(slot, q, k, v.reshape(-1, nkv, d), d**-0.5)
+    return ops.linear(out * torch.sigmoid(gate), a.o)
+
+
+def mlp(layer: Layer, h: torch.Tensor, eps: float) -> torch.Tensor:
+    """The layer's second half: h + MLP(RMSNorm(h)), MLP(x) = down(silu(gate x) * up x)."""
+    return h + ops.linear(ops.swiglu(ops.rms_norm(h, layer.post_norm, eps), layer.gate_up), layer.down)

@@ -18,6 +18,11 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
     draft = draft or default_draft(bundle.entry)
     if draft == "none":
         return PlainDecoder()
+    if draft_len is not None and draft_len < 1:
+        raise DflashError(f"--draft-len must be >= 1 (got {draft_len})")
+    if draft == "mtp":  # the target's own multi-token-prediction layer, in the target's folder
+        check_mtp(bundle)
+        return SpeculativeDecoder(LOADERS["mtp"](bundle.target_dir, bundle.load_model()), draft_len)
     if draft in DRAFT_KINDS:
         src = bundle.entry.drafters.get(draft)
         if src is None:
@@ -29,9 +34,20 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
     kind = detect_kind(path)
     if draft in DRAFT_KINDS and kind != draft:
         raise DflashError(f"the registry's {draft} drafter {src.ref} is a {kind} checkpoint")
-    if draft_len is not None and draft_len < 1:
-        raise DflashError(f"--draft-len must be >= 1 (got {draft_len})")
     proposer = LOADERS[kind](path, bundle.load_model())
     if draft_len is None and draft == "eagle3":
         draft_len = bundle.entry.draft_len  # the registry's chain length; DFlash's block is fixed by its checkpoint
     return SpeculativeDecoder(proposer, draft_len)
+
+
+def check_mtp(bundle) -> None:
+    """--draft mtp before the target loads: a Qwen3.5 checkpoint that ships its MTP weights."""
+    from ..loading.config import Qwen35Config
+    from ..models.mtp import has_mtp
+
+    name = bundle.entry.name
+    if not isinstance(bundle.cfg, Qwen35Config):
+        raise DflashError(f"--draft mtp needs a Qwen3.5 model, whose checkpoint ships a multi-token-prediction layer: "
+                          f"'{name}' has none (use --draft dflash, eagle3, a drafter folder, or none)")
+    if not has_mtp(bundle.target_dir):
+        raise DflashError(f"'{name}' ships no multi-token-prediction weights (mtp.*): --draft mtp needs them")

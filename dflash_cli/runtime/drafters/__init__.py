@@ -32,7 +32,14 @@ def _eagle3(path: Path, target):
     return Eagle3Proposer(Eagle3Drafter.load(path, target))
 
 
-LOADERS = {"dflash": _dflash, "dflash2": _dflash2, "eagle3": _eagle3}
+def _mtp(path: Path, target):
+    from ...models.mtp import MtpDrafter
+    from .mtp import MtpProposer
+
+    return MtpProposer(MtpDrafter.load(path, target))
+
+
+LOADERS = {"dflash": _dflash, "dflash2": _dflash2, "eagle3": _eagle3, "mtp": _mtp}
 
 
 def detect_kind(path: Path) -> str:
