@@ -1,6 +1,7 @@
 """The Gated DeltaNet kernels (kernels/delta_rule.py) against their torch references (layers/delta_rule.py,
 RecurrentState.fold), on CPU through Triton's interpreter: the recurrent rows for T in {1, 2, 7, 16, 32}, small and
-Qwen3.5-like head layouts, weak to strong decays, held and not; the fold for every n of a forward; the short conv.
+Qwen3.5-like head layouts, weak to strong decays, held and not; the fold for every n of a forward; the short conv
+and the gated output norm; the model with them dispatched.
 float32, relative error <= 1e-5. Runs in a subprocess because TRITON_INTERPRET must be set before kernels are
 defined; the GPU timings are benchmarks/delta_rule_bench.py's."""
 
@@ -66,6 +67,12 @@ ROWS = SETUP + textwrap.dedent("""
     # float32. float16: the interpreter does not round to bf16 as the GPU does (tests/test_kernels_interpret.py).
     q, k, v, a, b, neg_a, dt_bias, S0 = inputs(7, 2, 4, 16, 16, 1.0, torch.float16)
     assert rel(kernel.recurrent(q, k, v, a, b, neg_a, dt_bias, S0), ref.rows(q, k, v, a, b, neg_a, dt_bias, S0)) <= 1e-5
+    # The output's gated norm: o rows, z a strided view of the projection's output; float32 and float16.
+    for dtype, tol in ((torch.float32, 1e-6), (torch.float16, 1e-3)):
+        x, zz = torch.randn(5, 4, 24).to(dtype), torch.randn(5, 4 * 24 + 8).to(dtype)
+        z, w = zz[:, :96].reshape(5, 4, 24), (1 + 0.1 * torch.randn(24)).to(dtype)
+        got, want = kernel.gated_rms_norm(x, z, w, 1e-6), ref.gated_rms_norm(x, z, w, 1e-6)
+        assert got.dtype == dtype and rel(got, want) <= tol, (dtype, rel(got, want))
     print("ok")
 """)
 

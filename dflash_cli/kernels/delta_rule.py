@@ -9,6 +9,7 @@ layers/recurrent_state.py says what a forward keeps and why the fold is exact.
   [d_k, BV] tile of the state once, runs every row in registers (the l2 norms, q's scale, β and the decay computed
   inside from the conv output and the projection's b and a rows), writes o and, per row, what the fold needs
   (k_t, δ_t, g_t), and stores its tile of the state after the last row unless held (a verify).
+* `gated_rms_norm`: the layer's output norm w * rms_norm(o) * silu(z) in one launch.
 * `fold`: every layer's state after row n of the last forward (n read from device memory: no host sync), from the
   state it started from and the rows kept: S = S0, then S = e^{g_t} S + k_t δ_tᵀ for t = 0..n (the recurrence's
   own update with its stored corrections, so rows after n cost nothing). One program per (value block, value head,
@@ -154,6 +155,34 @@ def short_conv(x: torch.Tensor, conv0: torch.Tensor, weight: torch.Tensor, windo
                                              keep if keep is not None else conv0, t, c, x.stride(0), K=kernel,
                                              BC=block, WINDOW=window is not None, KEEP=keep is not None,
                                              **launch_options(x.device))
+    return y
+
+
+@triton.jit
+def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, H, stride_xt, stride_xh, stride_zt, stride_zh, eps,
+                       D: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr):
+    pdl_start(PDL)
+    row = tl.program_id(0)
+    t, h = row // H, row % H
+    rd = tl.arange(0, BD)
+    m = rd < D
+    dt = y_ptr.dtype.element_ty
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + rd, mask=m, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + rd, mask=m, other=0.0).to(tl.float32)
+    y = ((x * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)  # w * unit_rms_norm(x), each rounded to dt
+    z = tl.load(z_ptr + t * stride_zt + h * stride_zh + rd, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * D + rd, (y * (z * tl.sigmoid(z))).to(dt), mask=m)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """layers/delta_rule.gated_rms_norm on the GPU: x, z [T, H, D] (unit stride in D), weight [D] in x's dtype
+    -> [T, H, D] contiguous, one program per head vector (the torch form is ~10 launches)."""
+    t, h, d = x.shape
+    assert x.stride(-1) == z.stride(-1) == 1 and weight.dtype == x.dtype and weight.is_contiguous()
+    y = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
+    _gated_norm_kernel[(t * h,)](x, z, weight, y, h, x.stride(0), x.stride(1), z.stride(0), z.stride(1), eps, D=d,
+                                 BD=triton.next_power_of_2(d), num_warps=1, **launch_options(x.device))
     return y
 
 

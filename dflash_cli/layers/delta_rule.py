@@ -7,12 +7,13 @@
   dt_bias) in float32 from the conv output and the projection's rows.
 * `rows`: a forward of at most 32 rows (decode, verify), row by row, keeping each row's k_t, δ_t, g_t for a rewind
   (layers/recurrent_state.fold).
+* `gated_rms_norm`: the layer's output norm, w * rms_norm(o) * silu(z).
 * `chunked`: a long span (prefill), the rows of a chunk solved together (the UT transform of DeltaNet: a unit
   lower-triangular system per chunk) and only the chunks scanned in order. Decays stay in log space as differences
   inside a chunk, so strong decays do not overflow. float32 throughout; q, k already repeated to the value heads.
 
-The torch code here is the reference; on CUDA `short_conv` and `rows` run as Triton kernels (kernels/delta_rule.py),
-one launch each per layer, inside the steps' CUDA graphs."""
+The torch code here is the reference; on CUDA `short_conv`, `rows` and `gated_rms_norm` run as Triton kernels
+(kernels/delta_rule.py), one launch each per layer, inside the steps' CUDA graphs."""
 
 from __future__ import annotations
 
@@ -85,6 +86,17 @@ def rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: 
         for buf, row in zip(keep, (k, torch.stack(deltas), g)):
             buf[:t].copy_(row)
     return torch.stack(outs).to(out_dtype)  # [T, H_v, d_v]
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * rms_norm(x) * silu(z) per head vector (x, z [T, H, D], weight [D]: plain w): normed in float32, rounded to
+    x's dtype, scaled, then gated in float32. One Triton launch on CUDA."""
+    if ops.triton_kernels(x) and weight.dtype == x.dtype and x.stride(-1) == z.stride(-1) == 1:
+        from ..kernels import delta_rule as kernel
+
+        return kernel.gated_rms_norm(x, z, weight, eps)
+    y = weight * ops.unit_rms_norm(x, eps)
+    return (y * F.silu(z.float())).to(x.dtype)
 
 
 def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

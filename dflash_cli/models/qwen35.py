@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..layers import delta_rule, ops
 from ..layers.kv_cache import KVCache
@@ -240,11 +239,5 @@ class Qwen35Model:
             o, S_end = delta_rule.chunked(q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1), v, g,
                                           beta, state.S0[slot])
             state.S[slot].copy_(S_end)
-        o = gated_rms_norm(o.to(x.dtype), z.reshape(t, hv, dv), m.norm, c.rms_norm_eps)
+        o = delta_rule.gated_rms_norm(o.to(x.dtype), z.reshape(t, hv, dv), m.norm, c.rms_norm_eps)
         return ops.linear(o.reshape(t, hv * dv), m.out)
-
-
-def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * rms_norm(x) * silu(z): normed in float32, rounded to x's dtype, scaled, then gated in float32."""
-    y = weight * ops.unit_rms_norm(x, eps)
-    return (y * F.silu(z.float())).to(x.dtype)
