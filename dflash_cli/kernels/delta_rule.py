@@ -58,14 +58,21 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, neg_a_ptr, bias_ptr, s0
     mask = mk[:, None] & mv[None, :]
     S = tl.load(s0_ptr + tile, mask=mask, other=0.0)
     neg_a, bias = tl.load(neg_a_ptr + h), tl.load(bias_ptr + h)
+    # Each row's inputs are loaded one row ahead (the first before the loop), so their latency overlaps the
+    # previous row's arithmetic instead of stalling every row.
+    nq = tl.load(q_ptr + hk * stride_qh + rk, mask=mk, other=0.0)
+    nk = tl.load(k_ptr + hk * stride_kh + rk, mask=mk, other=0.0)
+    nv = tl.load(v_ptr + h * stride_vh + rv, mask=mv, other=0.0)
+    na, nb = tl.load(a_ptr + h), tl.load(b_ptr + h)
     for t in range(T):
-        q = tl.load(q_ptr + t * stride_qt + hk * stride_qh + rk, mask=mk, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + t * stride_kt + hk * stride_kh + rk, mask=mk, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + t * stride_vt + h * stride_vh + rv, mask=mv, other=0.0).to(tl.float32)
+        q, k, v, a, b = nq.to(tl.float32), nk.to(tl.float32), nv.to(tl.float32), na.to(tl.float32), nb
+        nt = tl.minimum(t + 1, T - 1)  # (the last row loads itself again: no mask needed)
+        nq = tl.load(q_ptr + nt * stride_qt + hk * stride_qh + rk, mask=mk, other=0.0)
+        nk = tl.load(k_ptr + nt * stride_kt + hk * stride_kh + rk, mask=mk, other=0.0)
+        nv = tl.load(v_ptr + nt * stride_vt + h * stride_vh + rv, mask=mv, other=0.0)
+        na, nb = tl.load(a_ptr + nt * stride_at + h), tl.load(b_ptr + nt * stride_bt + h)
         q = q * tl.math.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
         k = k * tl.math.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
-        a = tl.load(a_ptr + t * stride_at + h).to(tl.float32)
-        b = tl.load(b_ptr + t * stride_bt + h)
         beta = tl.sigmoid(b.to(tl.float32)).to(b.dtype).to(tl.float32)  # rounded in b's dtype, as torch's
         g = neg_a * _softplus(a + bias)
         S = S * tl.exp(g)
@@ -200,11 +207,17 @@ def _fold_kernel(s0_ptr, s_ptr, k_ptr, d_ptr, g_ptr, n_ptr, ROWS, R, HV, HK,
     mask = mk[:, None] & mv[None, :]
     S = tl.load(s0_ptr + tile, mask=mask, other=0.0)
     n = tl.minimum(tl.load(n_ptr).to(tl.int32), ROWS - 1)
-    for t in range(n + 1):  # rows after n: not read (the grid stays static, the loop's length is read)
-        row = layer * R + t
-        g = tl.load(g_ptr + row * HV + h)
-        k = tl.load(k_ptr + (row * HK + hk) * DK + rk, mask=mk, other=0.0)
-        d = tl.load(d_ptr + (row * HV + h) * DV + rv, mask=mv, other=0.0)
+    # Rows after n are not read (the grid stays static, the loop's length is read); each row's k, δ, g load one row
+    # ahead, as in the recurrent kernel.
+    ng = tl.load(g_ptr + layer * R * HV + h)
+    nk = tl.load(k_ptr + (layer * R * HK + hk) * DK + rk, mask=mk, other=0.0)
+    nd = tl.load(d_ptr + (layer * R * HV + h) * DV + rv, mask=mv, other=0.0)
+    for t in range(n + 1):
+        g, k, d = ng, nk, nd
+        row = layer * R + tl.minimum(t + 1, n)
+        ng = tl.load(g_ptr + row * HV + h)
+        nk = tl.load(k_ptr + (row * HK + hk) * DK + rk, mask=mk, other=0.0)
+        nd = tl.load(d_ptr + (row * HV + h) * DV + rv, mask=mv, other=0.0)
         S = S * tl.exp(g) + k[:, None] * d[None, :]
     tl.store(s_ptr + tile, S, mask=mask)
 
