@@ -41,6 +41,12 @@ def _triton_on(x: torch.Tensor):
     return _kernels or None
 
 
+def triton_kernels(x: torch.Tensor) -> bool:
+    """Whether Triton kernels run on tensors like x, in any dtype: on a CUDA device, with the kernels available and
+    neither the `kernels` knob nor `reference_only` turning them off (a float32 recurrent state, say)."""
+    return bool(_triton_on(x))
+
+
 def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int, offset=None,
                fill: int = 0) -> bool:
     """ids[:len(src)] = src, the rest of ids = fill, and positions[:] = start (+ offset[0], a device scalar),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import ops
 from .kv_cache import KVCache
 
 
@@ -42,7 +43,8 @@ class RecurrentState:
         self.s0_at = torch.full((1,), -1, dtype=torch.long, device=device)
         self.start, self.rows, self.at = 0, 0, 0
 
-    # Device side: what a forward runs (capturable: fixed shapes, n may live in device memory).
+    # Device side: what a forward runs (capturable: fixed shapes, n may live in device memory). A forward of at most
+    # max_rows rows writes its rows into x, k, delta and g itself (layers/delta_rule.short_conv and rows, `keep`).
 
     def begin(self, start) -> None:
         """A forward at `start` (an int, or its first row's position on the device) starts from the current state:
@@ -54,18 +56,17 @@ class RecurrentState:
         else:
             self.s0_at.fill_(start)
 
-    def keep_rows(self, layer: int, x: torch.Tensor, k: torch.Tensor, delta: torch.Tensor, g: torch.Tensor) -> None:
-        """Record a forward's rows (T <= max_rows) of one layer for `fold`."""
-        t = x.shape[0]
-        self.x[layer, :t].copy_(x)
-        self.k[layer, :t].copy_(k)
-        self.delta[layer, :t].copy_(delta)
-        self.g[layer, :t].copy_(g)
-
     def fold(self, n, rows: int) -> None:
         """Set the state to the one after row n (long [1] on the device, or an int >= 0) of the last forward of
-        `rows` rows, from S0, conv0 and the rows kept. Rows after n weigh zero (the grid stays static)."""
+        `rows` rows, from S0, conv0 and the rows kept. Rows after n weigh zero (the grid stays static). Two Triton
+        launches on CUDA (kernels/delta_rule.fold: the same update, applied row by row); this torch form is their
+        reference."""
         n = n.reshape(1) if torch.is_tensor(n) else torch.tensor([n], device=self.S.device)
+        if ops.triton_kernels(self.S):
+            from ..kernels import delta_rule
+
+            delta_rule.fold(self.S0, self.S, self.k, self.delta, self.g, self.conv0, self.conv, self.x, n, rows)
+            return
         g = self.g[:, :rows]
         G = g.cumsum(1)  # [L, T, H_v]
         Gn = G.index_select(1, n)  # [L, 1, H_v]

@@ -10,8 +10,8 @@ A layer is Qwen3's pre-norm block, h + mixer(norm(h)), then h + MLP(norm(h)), wh
   with g = -exp(A_log) softplus(a + dt_bias), β = sigmoid(b); then a gated RMSNorm of o by silu(z) and out_proj.
 
 Every RMSNorm scales by (1 + w) except the DeltaNet's gated one (plain w): the loader adds the one. The recurrence
-runs row by row in float32 on fixed shapes (capturable); the state and what a rewind needs live in
-layers/recurrent_state.py. Long prefills run the same rule in chunks (layers/delta_rule.py).
+runs row by row in float32 on fixed shapes (capturable; one Triton kernel per layer on CUDA), long prefills in
+chunks (layers/delta_rule.py); the state and what a rewind needs live in layers/recurrent_state.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..layers import delta_rule, ops
 from ..layers.kv_cache import KVCache
@@ -218,47 +217,26 @@ class Qwen35Model:
         Unless `hold`, the state moves past the rows; a forward of at most state.max_rows rows keeps them."""
         c = self.cfg
         hk, hv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        t, conv_dim, K = x.shape[0], m.conv.shape[0], m.conv.shape[1]
+        t, conv_dim = x.shape[0], m.conv.shape[0]
         mixed, z, b, a = ops.linear(x, m.proj).split([conv_dim, hv * dv, hv, hv], dim=-1)
+        kept = t <= state.max_rows
         # The short causal conv over [the previous K-1 inputs ; these rows], per channel, then SiLU.
-        window = torch.cat([state.conv0[slot], mixed], dim=0)  # [K - 1 + T, C]
-        conv = F.conv1d(window.t()[None], m.conv[:, None, :], groups=conv_dim)[0].t()  # [T, C]
-        q, k, v = F.silu(conv).split([hk * dk, hk * dk, hv * dv], dim=-1)
-        q = l2norm(q.float().reshape(t, hk, dk)) * dk**-0.5
-        k = l2norm(k.float().reshape(t, hk, dk))
-        v = v.float().reshape(t, hv, dv)
-        beta = torch.sigmoid(b).float()
-        g = m.neg_A * F.softplus(a.float() + m.dt_bias)  # [T, H_v], log-decay <= 0
-        group = hv // hk
-        qv, kv = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)  # value head j: key head j // group
-        if t > state.max_rows:  # a long prefill: chunks of rows at once (it keeps no rows: never held)
-            o, S = delta_rule.chunked(qv, kv, v, g, beta, state.S0[slot])
-        else:
-            S = state.S0[slot]
-            outs, deltas = [], []
-            for i in range(t):
-                S = S * g[i].exp()[:, None, None]
-                delta = (v[i] - torch.einsum("hkv,hk->hv", S, kv[i])) * beta[i][:, None]
-                S = S + kv[i][:, :, None] * delta[:, None, :]
-                outs.append(torch.einsum("hkv,hk->hv", S, qv[i]))
-                deltas.append(delta)
-            o = torch.stack(outs)  # [T, H_v, d_v]
-            state.keep_rows(slot, mixed, k, torch.stack(deltas), g)
-        if not hold:
-            state.S[slot].copy_(S)
-            state.conv[slot].copy_(window[-(K - 1):])
-        o = gated_rms_norm(o.to(x.dtype), z.reshape(t, hv, dv), m.norm, c.rms_norm_eps)
+        conv = delta_rule.short_conv(mixed, state.conv0[slot], m.conv, window=None if hold else state.conv[slot],
+                                     keep=state.x[slot] if kept else None)
+        q, k, v = conv.split([hk * dk, hk * dk, hv * dv], dim=-1)
+        q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
+        S = None if hold else state.S[slot]
+        if kept:  # row by row (one kernel on the GPU), keeping each row's k, δ, g for a rewind
+            o = delta_rule.rows(q, k, v, a, b, m.neg_A, m.dt_bias, state.S0[slot], S,
+                                keep=(state.k[slot], state.delta[slot], state.g[slot]), out_dtype=x.dtype)
+        else:  # a long prefill: chunks of rows at once (it keeps no rows: never held)
+            q, k, v, g, beta = delta_rule.gates(q, k, v, a, b, m.neg_A, m.dt_bias)
+            group = hv // hk  # value head j: key head j // group
+            o, S_end = delta_rule.chunked(q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1), v, g,
+                                          beta, state.S0[slot])
+            state.S[slot].copy_(S_end)
+        o = delta_rule.gated_rms_norm(o.to(x.dtype), z.reshape(t, hv, dv), m.norm, c.rms_norm_eps)
         return ops.linear(o.reshape(t, hv * dv), m.out)
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
-def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * rms_norm(x) * silu(z): normed in float32, rounded to x's dtype, scaled, then gated in float32."""
-    y = weight * ops.unit_rms_norm(x, eps)
-    return (y * F.silu(z.float())).to(x.dtype)
 
 
 def gated_attention(c: Qwen35Config, a: GatedAttention, slot: int, x: torch.Tensor, span) -> torch.Tensor:
