@@ -80,7 +80,7 @@ class Layers:
                                     torch.bfloat16, device)
         self.state.S.copy_(0.1 * torch.randn_like(self.state.S))
         self.state.conv.copy_(torch.randn_like(self.state.conv))
-        self.state.begin()
+        self.state.begin(0)
         self.n = torch.tensor([a.accepted], device=device)
 
     def parts(self, layer: int, t: int):

@@ -84,7 +84,7 @@ FOLD = SETUP + textwrap.dedent("""
         st = RecurrentState(L, C, K, hk, hv, dk, dv, 32, torch.float32, "cpu")
         st.S.copy_(torch.randn_like(st.S))
         st.conv.copy_(torch.randn_like(st.conv))
-        st.begin()
+        st.begin(0)
         x = torch.randn(L, rows, C)
         weight = torch.randn(C, K)
         ends = []
