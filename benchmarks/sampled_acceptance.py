@@ -84,12 +84,12 @@ SampledDFlash = DFlashProposer  # what the engine ships: each block position dra
 class ArgmaxDFlash(DFlashProposer):
     """The block's argmax; q one-hot."""
 
-    def propose(self, last, k, params, gen):
-        return _onehot(DFlashProposer.propose(self, last, k, SamplingParams(), gen)[0], self.model.cfg.vocab_size,
+    def propose(self, last, k, params):
+        return _onehot(DFlashProposer.propose(self, last, k, SamplingParams())[0], self.model.cfg.vocab_size,
                        params)
 
-    def propose_ahead(self, hidden, ids, start, accepted, bonus, k, params, gen):
-        drafts = DFlashProposer.propose_ahead(self, hidden, ids, start, accepted, bonus, k, SamplingParams(), gen)[0]
+    def propose_ahead(self, hidden, ids, start, accepted, bonus, k, params):
+        drafts = DFlashProposer.propose_ahead(self, hidden, ids, start, accepted, bonus, k, SamplingParams())[0]
         return _onehot(drafts, self.model.cfg.vocab_size, params)
 
 
@@ -102,11 +102,11 @@ class ArgmaxEagle3(Eagle3Proposer):
     def can_queue_ahead(self, params):
         return self.fast is not None
 
-    def propose(self, last, k, params, gen):
+    def propose(self, last, k, params):
         return _onehot(self.greedy_chain(last, k), self.model.c.vocab, params)
 
-    def propose_ahead(self, hidden, ids, start, accepted, bonus, k, params, gen):
-        drafts = Eagle3Proposer.propose_ahead(self, hidden, ids, start, accepted, bonus, k, SamplingParams(), gen)[0]
+    def propose_ahead(self, hidden, ids, start, accepted, bonus, k, params):
+        drafts = Eagle3Proposer.propose_ahead(self, hidden, ids, start, accepted, bonus, k, SamplingParams())[0]
         return _onehot(drafts, self.model.c.vocab, params)
 
 
@@ -123,12 +123,12 @@ class Probe(SpeculativeDecoder):
         self.record = record  # on the sampled way, where q is the drafter's own rows
         self.first = []  # (sampled, argmax) per step
 
-    def accept(self, ids, q, out, params, gen):
+    def accept(self, ids, q, out, params):
         if self.record and q.ids.shape[0]:
             p = probabilities(out.logits[:1], params)[0]
             q0 = q[:1].dense(p.shape[-1])[0]
             self.first.append((float(torch.minimum(p, q0).sum()), float(p[q0.argmax()])))
-        return super().accept(ids, q, out, params, gen)
+        return super().accept(ids, q, out, params)
 
 
 def held_out_stream(tok: Tokenizer, max_files: int) -> tuple[torch.Tensor, int]:

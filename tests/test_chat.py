@@ -147,7 +147,7 @@ class Scripted:
         session.forward(ids)
         return self._next()
 
-    def step(self, session, last, budget, params, gen):
+    def step(self, session, last, budget, params):
         session.forward([last])
         return Step(emitted=[int(self._next().argmax())])
 

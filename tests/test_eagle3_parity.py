@@ -124,9 +124,9 @@ def test_chained_draft_logits_match_reference_at_every_step(setup, seed):
 
     orig_propose = proposer.propose
 
-    def propose(last, n, params, gen):
+    def propose(last, n, params):
         seen.append((session_tokens(), last, []))
-        return orig_propose(last, n, params, gen)
+        return orig_propose(last, n, params)
 
     session = Session(ours_t, max_len=128)
     history = list(prompt)

@@ -173,7 +173,7 @@ class Scripted(Drafter):
     def rollback(self, length: int) -> None:
         self.length = min(self.length, length)
 
-    def propose(self, last: int, k: int, params, gen):
+    def propose(self, last: int, k: int, params):
         pos = self.length  # where `last` sits
         assert last == self.truth[pos]
         true = self.truth[pos + 1 : pos + 1 + k]
@@ -226,8 +226,8 @@ class Steered(Drafter):
         self.inner.rollback(length)
         del self.tokens[length:]
 
-    def propose(self, last, k, params, gen):
-        drafts, q = self.inner.propose(last, k, params, gen)
+    def propose(self, last, k, params):
+        drafts, q = self.inner.propose(last, k, params)
         assert drafts.shape == (k,) and drafts.dtype == torch.long
         drafts = drafts.tolist()
         if len(self.log) % self.check_every == 0:
@@ -248,7 +248,7 @@ class Steered(Drafter):
             ours = self.inner.draft_logits(last, len(drafts))
             ref = self.fresh.draft_logits(last, len(drafts))
             if isinstance(self.fresh, DFlash2Proposer):  # drafts: the selector's walk, not each row's argmax
-                assert self.fresh.propose(last, len(drafts), GREEDY, None)[0].tolist() == drafts
+                assert self.fresh.propose(last, len(drafts), GREEDY)[0].tolist() == drafts
             else:
                 assert ours.argmax(-1).tolist() == drafts
         else:

@@ -436,7 +436,7 @@ def test_dflash2_drafts_follow_the_walk_rows_they_record(models, params, path):
     vocab, top_k = VOCAB, dflash2["dflash2"].selector.top_k
     q0, q1, counts = None, {}, torch.zeros(VOCAB, VOCAB)
     for _ in range(3000):
-        drafts, q = proposer.propose(PROMPT[-1], 3, params, None)
+        drafts, q = proposer.propose(PROMPT[-1], 3, params)
         dense = q.dense(vocab)
         assert (q.probs[:, top_k:] == 0).all() and torch.allclose(dense.sum(-1), torch.ones(3))
         a, b = int(drafts[0]), int(drafts[1])

@@ -70,13 +70,13 @@ class ForcedAcceptance(Drafter):
     def absorb_verified(self, hidden, ids, start: int) -> None:
         self.inner.absorb_verified(hidden, ids, start)  # `commit` then names the committed length
 
-    def propose(self, last: int, k: int, params, gen):
-        return self._force(self.pos, k, *self.inner.propose(last, k, params, gen))
+    def propose(self, last: int, k: int, params):
+        return self._force(self.pos, k, *self.inner.propose(last, k, params))
 
-    def propose_ahead(self, hidden, ids, start: int, accepted, bonus, k: int, params, gen):
+    def propose_ahead(self, hidden, ids, start: int, accepted, bonus, k: int, params):
         # `accepted` is this step's forced count: the host knows where the next proposal starts.
         at = start + self.forced + 1
-        return self._force(at, k, *self.inner.propose_ahead(hidden, ids, start, accepted, bonus, k, params, gen))
+        return self._force(at, k, *self.inner.propose_ahead(hidden, ids, start, accepted, bonus, k, params))
 
     def commit(self, length: int) -> None:
         self.inner.commit(length)
@@ -104,8 +104,8 @@ class ForcedDecoder(SpeculativeDecoder):
 
     _counts: torch.Tensor | None = None  # 0..max_draft on the device
 
-    def accept(self, ids, q, out, params, gen):
-        verdict = super().accept(ids, q, out, params, gen)  # keep the real acceptance's cost
+    def accept(self, ids, q, out, params):
+        verdict = super().accept(ids, q, out, params)  # keep the real acceptance's cost
         n = min(self.proposer.forced, ids.shape[0] - 1)
         # Built anew (the real verdict may be a graph's output). Not `verdict[0] = n`: setting an element
         # from a host number copies from pageable memory, which waits for the device. The count is a slice of

@@ -141,33 +141,15 @@ class BenchTarget:
             return make_decoder(self.bundle, mode, self.o.draft_len)
         from ..runtime.speculative import SpeculativeDecoder
         from ..synthetic import random_drafter
-        from ..runtime.drafters import LOADERS
+        from ..runtime.drafters import KINDS, proposer
 
-        if mode not in LOADERS:
-            raise DflashError(f"--synthetic takes drafter kinds ({', '.join(LOADERS)}), not '{mode}'")
-        proposer = _proposer(mode, random_drafter(self.name, mode, self.model))
+        if mode not in KINDS:
+            raise DflashError(f"--synthetic takes drafter kinds ({', '.join(KINDS)}), not '{mode}'")
+        drafter = proposer(mode, random_drafter(self.name, mode, self.model))
         # As for real drafters: DFlash's block is fixed by the checkpoint, EAGLE-3's chain by the registry.
         k = self.o.draft_len or (self.entry.draft_len if mode == "eagle3" else None)
         make = ForcedDecoder if self.o.synthetic_tau is not None else SpeculativeDecoder
-        return make(proposer, k)
-
-
-def _proposer(kind: str, drafter):
-    if kind == "dflash":
-        from ..runtime.drafters.dflash import DFlashProposer
-
-        return DFlashProposer(drafter)
-    if kind == "dflash2":
-        from ..runtime.drafters.dflash2 import DFlash2Proposer
-
-        return DFlash2Proposer(drafter)
-    if kind == "mtp":
-        from ..runtime.drafters.mtp import MtpProposer
-
-        return MtpProposer(drafter)
-    from ..runtime.drafters.eagle3 import Eagle3Proposer
-
-    return Eagle3Proposer(drafter)
+        return make(drafter, k)
 
 
 def run_modes(o: BenchOptions, on_progress=None) -> dict:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .. import tuning
 from ..layers import ops
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
@@ -189,8 +190,9 @@ class DFlashDrafter:
 
     @classmethod
     def load(cls, path: Path, target, window: int | None = None) -> "DFlashDrafter":
-        """window: a sliding window for the layers that have none (DFlashConfig)."""
+        """window: a sliding window for the layers that have none (DFlashConfig; None: tuning's DFLASH_DRAFT_WINDOW)."""
         path = Path(path)
+        window = tuning.KNOBS.draft_window if window is None else window
         c = DFlashConfig(read_json(path / "config.json", "drafter config"), path / "config.json", window)
         # Some exports prefix the drafter's own tensors with "model."; embeddings/head are the target's.
         tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device,

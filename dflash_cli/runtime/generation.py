@@ -43,7 +43,7 @@ class Decoder(Protocol):
 
     def prefill(self, session: Session, ids: list[int]) -> torch.Tensor: ...
 
-    def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step: ...
+    def step(self, session: Session, last: int, budget: int, params: SamplingParams) -> Step: ...
 
     def sync(self, session: Session) -> None: ...
 
@@ -73,7 +73,7 @@ class PlainDecoder:
         self._ahead = self._end = None
         return session.forward(ids).logits[-1]
 
-    def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
+    def step(self, session: Session, last: int, budget: int, params: SamplingParams) -> Step:
         cuda = session.device.type == "cuda"
         t0 = self._end if self._end is not None and cuda else mark(session.device)
         after = None  # a mark after the work that wrote the token, where it can be read in place
@@ -82,21 +82,21 @@ class PlainDecoder:
             tok, in_place, fed = self._ahead[1:]
             after = self._end if in_place and cuda else None
         else:
-            tok, _, fed = self._next(session, [last], params, gen)
+            tok, _, fed = self._next(session, [last], params)
         self._ahead = None
         ahead = cuda and tuning.KNOBS.queue_ahead if self.queue_ahead is None else self.queue_ahead
         # Queued before the next forward, so reading it waits for this step's token only.
         value = read_later(tok.view(1), after)
         if ahead and budget > 1 and session.length + 1 < session.max_len:
             at = session.length
-            nxt = self._next(session, fed if fed is not None else tok.view(1), params, gen)  # the next step's; committed when used
+            nxt = self._next(session, fed if fed is not None else tok.view(1), params)  # the next step's; committed when used
             session.length = at
             self._ahead = (at, *nxt)
         t1 = self._end = mark(session.device)
         return Step(emitted=value(), marks=(t0, t0, t1))  # the step's one host sync
 
     @staticmethod
-    def _next(session: Session, ids, params: SamplingParams, gen) -> tuple[torch.Tensor, bool, Fed | None]:
+    def _next(session: Session, ids, params: SamplingParams) -> tuple[torch.Tensor, bool, Fed | None]:
         """The token after a one-row forward of `ids`, on the device (greedy or sampled: the verdict inside the step's
         graph), whether it stays where it is until read (a graph's own output does not: its next replay overwrites
         it), and its handle where the graph fed it on to the next step (Session.fed_token): forwarding that continues
@@ -174,7 +174,7 @@ def generate(
         raise DflashError("the prompt is empty")  # nothing to condition the first token on
     check_fits(session, len(req.prompt_ids), req.max_tokens)
     stops = set(req.stop_ids)
-    gen = begin(req.params, session.device)  # the params on the device, the RNG seeded; None when greedy
+    sampler = begin(req.params, session.device)  # the params on the device, the RNG seeded; None when greedy
     tokens: list[int] = []
     steps: list[Step] = []
     old_pending = session.pending
@@ -188,7 +188,7 @@ def generate(
     finish, context_full, interrupted = "length", False, False
     try:
         logits = decoder.prefill(session, ids)
-        first = int(sample(logits, req.params, gen).item())
+        first = int(sample(logits, req.params, sampler).item())
         ttft = now(session.device) - t_start
         first_unix = time.time()
         first_step = Step(emitted=[first], marks=(0.0, 0.0, ttft))
@@ -207,7 +207,7 @@ def generate(
                 context_full = True
                 break
             budget = min(budget, session.max_len - session.length - 1)
-            step = decoder.step(session, tokens[-1], budget, req.params, gen)
+            step = decoder.step(session, tokens[-1], budget, req.params)
             step.emitted = _cut(step.emitted, budget, stops)
             tokens.extend(step.emitted)
             steps.append(step)

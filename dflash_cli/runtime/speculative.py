@@ -62,7 +62,7 @@ class SpeculativeDecoder:
         self.proposer.absorb(out.hidden, start, list(ids))
         return out.logits[-1]
 
-    def step(self, session: Session, last: int, budget: int, params: SamplingParams, gen) -> Step:
+    def step(self, session: Session, last: int, budget: int, params: SamplingParams) -> Step:
         start, dev = session.length, session.device
         # Verify writes positions [start, start+k]: k shrinks only near the end of the cache. Near max_tokens the
         # block keeps its size (the driver cuts what passes max_tokens), so a generation meets no new graph shape
@@ -76,18 +76,18 @@ class SpeculativeDecoder:
         else:
             t0 = mark(dev)
             head = upload([last], dev)
-            drafts, q = self.proposer.propose(last, k, params, gen) if k else (head[:0], None)
+            drafts, q = self.proposer.propose(last, k, params) if k else (head[:0], None)
             t1 = mark(dev)
         ids = torch.cat([head, drafts])
         # The acceptance runs inside the verify's graph (sampled: against the q rows the proposal wrote).
         out = session.forward(ids, capture=self.proposer.capture, all_logits=True, accept=accept_mode(params))
-        verdict = self.accept(ids, q, out, params, gen)
+        verdict = self.accept(ids, q, out, params)
         t2 = mark(dev)
         # The step's one host sync: everything the host needs from the device, in one transfer, queued
         # before the next proposal so that reading it waits for this step only.
         outcome = read_later(verdict)
         n, bonus = verdict[0], verdict[1]
-        nxt = self._queue_next(session, out.hidden, ids, start, k, n, bonus, budget, params, gen)
+        nxt = self._queue_next(session, out.hidden, ids, start, k, n, bonus, budget, params)
         n, bonus, *draft = outcome()
         session.commit(start + n + 1)  # roll back the rejected drafts' KV (a recurrent state: folded in the step)
         if nxt is not None:
@@ -103,7 +103,7 @@ class SpeculativeDecoder:
         return Step(emitted=draft[:n] + [bonus], draft=draft, accepted=n, marks=(t0, t1, t2))
 
     def _queue_next(self, session: Session, hidden, ids, start: int, k: int, n, bonus, budget: int,
-                    params: SamplingParams, gen) -> _Queued | None:
+                    params: SamplingParams) -> _Queued | None:
         """The next step's absorb + proposal, queued while the device still verifies this one, so the device
         never waits for the host between steps. Only where its size is already certain: whatever this step
         accepts, the next asks for draft_len drafts unless max_tokens or the cache end is near. If the
@@ -116,11 +116,11 @@ class SpeculativeDecoder:
         if budget - (k + 1) < 1:  # a next step whatever this step accepts (of draft_len drafts: see `step`)
             return None
         t0 = mark(session.device)
-        drafts, q = self.proposer.propose_ahead(hidden, ids, start, n, bonus, self.draft_len, params, gen)
+        drafts, q = self.proposer.propose_ahead(hidden, ids, start, n, bonus, self.draft_len, params)
         return _Queued(start=-1, k=self.draft_len, head=bonus.view(1), drafts=drafts, q=q,
                        marks=(t0, mark(session.device)))
 
-    def accept(self, ids: torch.Tensor, q, out, params: SamplingParams, gen) -> torch.Tensor:
+    def accept(self, ids: torch.Tensor, q, out, params: SamplingParams) -> torch.Tensor:
         """The verdict on the verified rows `ids` = [last, drafts...] (q: the drafts' rows, a sampling.Filtered, or
         None when greedy): long [2 + k] = [accepted drafts, the target's next token, drafts...] on the device,
         computed with the forward (`Session.forward`'s accept)."""

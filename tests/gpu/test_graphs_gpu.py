@@ -107,8 +107,8 @@ class Oracle(Drafter):
     def rollback(self, length):
         self.inner.rollback(length)
 
-    def propose(self, last, k, params, gen):
-        drafts, q = self.inner.propose(last, k, params, gen)
+    def propose(self, last, k, params):
+        drafts, q = self.inner.propose(last, k, params)
         n = self.rng.randint(0, k)
         right = self.truth[self.pos + 1 : self.pos + 1 + n]
         if right:

@@ -114,7 +114,8 @@ def test_a_graphed_step_samples_the_target_distribution(models, kind):
     for seed in range(1500):
         session.reset()
         dec.prefill(session, context)
-        step = dec.step(session, last, 8, params, begin(with_seed(params, seed), session.device))
+        begin(with_seed(params, seed), session.device)  # the seed, as generate() sets it
+        step = dec.step(session, last, 8, params)
         counts[step.emitted[0]] += 1
         dec.sync(session)
     stat, df = chi2_stat(counts, probs)

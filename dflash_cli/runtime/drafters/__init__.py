@@ -1,8 +1,10 @@
 """Every drafter kind: how to tell it from a checkpoint's config.json and how to load it (its network from models/,
-its runtime from this folder). A new kind adds its two files and one line to LOADERS."""
+its runtime from this folder). A new kind adds its two files and one line to KINDS."""
 
 from __future__ import annotations
 
+from functools import partial
+from importlib import import_module
 from pathlib import Path
 
 from ...errors import DflashError
@@ -10,36 +12,28 @@ from ...loading.config import read_json
 from ...models.dflash import is_dflash2
 
 
-def _dflash(path: Path, target):
-    from ... import tuning
-    from ...models.dflash import DFlashDrafter
-    from .dflash import DFlashProposer
-
-    return DFlashProposer(DFlashDrafter.load(path, target, window=tuning.KNOBS.draft_window))
-
-
-def _dflash2(path: Path, target):
-    from ...models.dflash2 import DFlash2Drafter
-    from .dflash2 import DFlash2Proposer
-
-    return DFlash2Proposer(DFlash2Drafter.load(path, target))
+# kind -> (module, network class in models/, runtime class in this folder), imported on first use.
+KINDS = {
+    "dflash": ("dflash", "DFlashDrafter", "DFlashProposer"),
+    "dflash2": ("dflash2", "DFlash2Drafter", "DFlash2Proposer"),
+    "eagle3": ("eagle3", "Eagle3Drafter", "Eagle3Proposer"),
+    "mtp": ("mtp", "MtpDrafter", "MtpProposer"),  # loaded from the target's own folder (its mtp.* tensors)
+}
 
 
-def _eagle3(path: Path, target):
-    from ...models.eagle3 import Eagle3Drafter
-    from .eagle3 import Eagle3Proposer
-
-    return Eagle3Proposer(Eagle3Drafter.load(path, target))
-
-
-def _mtp(path: Path, target):
-    from ...models.mtp import MtpDrafter
-    from .mtp import MtpProposer
-
-    return MtpProposer(MtpDrafter.load(path, target))
+def proposer(kind: str, drafter):
+    """The runtime of a drafter network of `kind` (a loaded checkpoint's, or --synthetic's random one)."""
+    module, _, runtime = KINDS[kind]
+    return getattr(import_module(f".{module}", __name__), runtime)(drafter)
 
 
-LOADERS = {"dflash": _dflash, "dflash2": _dflash2, "eagle3": _eagle3, "mtp": _mtp}
+def load(kind: str, path: Path, target):
+    """The drafter checkpoint of `kind` in `path` for `target`: its network and runtime."""
+    module, network, _ = KINDS[kind]
+    return proposer(kind, getattr(import_module(f"...models.{module}", __name__), network).load(path, target))
+
+
+LOADERS = {kind: partial(load, kind) for kind in KINDS}
 
 
 def detect_kind(path: Path) -> str:

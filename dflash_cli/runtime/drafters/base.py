@@ -35,7 +35,7 @@ class Drafter:
         """Learn committed target positions [start, start+n): their hidden states and token ids."""
         raise NotImplementedError
 
-    def propose(self, last: int, k: int, params: SamplingParams, gen) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def propose(self, last: int, k: int, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k >= 1 draft tokens following `last` (at the committed end) as a long device tensor [k], and when sampling
         their q rows (a sampling.Filtered [k]: the sampler's buffer, which the verify's acceptance reads; written
         inside the proposal's graph). Nothing may wait for the device here."""
@@ -60,7 +60,7 @@ class Drafter:
         return False
 
     def propose_ahead(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
-                      bonus: torch.Tensor, k: int, params: SamplingParams, gen):
+                      bonus: torch.Tensor, k: int, params: SamplingParams):
         """Absorb every verified row (states `hidden`, tokens `ids`, from position `start`) and propose k drafts after
         `bonus` at start + accepted + 1 (`accepted`, `bonus`: device scalars), without waiting for the device."""
         raise NotImplementedError

@@ -90,7 +90,7 @@ class ChainProposer(Drafter):
         return self.fast is not None  # the device-position chain, greedy or sampled
 
     def propose_ahead(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
-                      bonus: torch.Tensor, k: int, params: SamplingParams, gen):
+                      bonus: torch.Tensor, k: int, params: SamplingParams):
         """Absorbs every verified row: target states `hidden` at [start, start + m) with their tokens `ids` (the
         verify input, on the device). Rows past the accepted ones pair states with rejected tokens: the chain and
         later absorbs overwrite them, and causal attention hides them from the rows before. Then chains k drafts
@@ -106,7 +106,7 @@ class ChainProposer(Drafter):
     def commit(self, length: int) -> None:
         self.committed, self.rows = length, length - 1
 
-    def propose(self, last: int, k: int, params: SamplingParams, gen):
+    def propose(self, last: int, k: int, params: SamplingParams):
         mode = sampling.mode(params)
         if mode is None:
             return self.greedy_chain(last, k), None

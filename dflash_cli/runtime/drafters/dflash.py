@@ -77,7 +77,7 @@ class DFlashProposer(Drafter):
     def can_queue_ahead(self, params: SamplingParams) -> bool:
         return self.fast is not None  # the device-position forward (graphs or static path)
 
-    def propose(self, last: int, k: int, params: SamplingParams, gen):
+    def propose(self, last: int, k: int, params: SamplingParams):
         mode = sampling.mode(params)
         if mode is None:
             return ops.argmax_rows(self.draft_logits(last, k)), None
@@ -88,7 +88,7 @@ class DFlashProposer(Drafter):
         return self._proposal(self._block(upload(block, self.model.device), span, mode), mode, k)
 
     def propose_ahead(self, hidden: torch.Tensor, ids: torch.Tensor, start: int, accepted: torch.Tensor,
-                      bonus: torch.Tensor, k: int, params: SamplingParams, gen):
+                      bonus: torch.Tensor, k: int, params: SamplingParams):
         """Absorbs every verified row [start, start + len(hidden)): the rejected ones are overwritten by the block
         and by later absorbs. Then drafts k positions after `bonus`; until `commit` the context counts as ending at
         `start`."""

@@ -24,7 +24,7 @@ class DFlash2Proposer(DFlashProposer):
             raise DflashError(f"DFlash 2 drafter: selector_top_k {model.selector.top_k} is more than the "
                               f"{width} candidates a sampled draft's q row holds")
 
-    def propose(self, last: int, k: int, params: SamplingParams, gen):
+    def propose(self, last: int, k: int, params: SamplingParams):
         mode = sampling.mode(params)
         block = [last] + [self.model.c.mask_token_id] * k
         if self.fast is not None:
