@@ -320,3 +320,26 @@ def test_chat_turn_interrupted_then_the_next_turn(chat_target, monkeypatch, draf
     fresh = generate(Session(repl.session.model, repl.session.max_len), PlainDecoder(),
                      Request(history + ids, GREEDY, req.max_tokens, req.stop_ids))
     assert res.tokens == fresh.tokens
+
+
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3"])
+def test_capture_at_load_leaves_no_shape_for_hybrid_prompts(zoo, kind):
+    """A hybrid's short prompts pad to one prefill graph like a Qwen3 one (held, the state folded to their last real
+    row): after warmup.prepare, chat turns of other short lengths meet no new step shape, and give the eager path's
+    tokens."""
+    from dflash_cli.runtime import graphs
+    from dflash_cli.runtime.warmup import prepare
+
+    def decoder():
+        return PlainDecoder() if kind == "none" else SpeculativeDecoder(proposer(zoo, kind))
+
+    turns = [[5, 9, 200, 31, 7, 66, 2, 90, 14, 3, 8], [77, 4], list(range(100, 129))]
+    eager, ref = Session(zoo["target"], MAX_LEN, path="eager"), []
+    dec = decoder()
+    for turn in turns:
+        ref.append(generate(eager, dec, Request(turn, GREEDY, 20)).tokens)
+    session, dec = Session(zoo["target"], MAX_LEN, path="static"), decoder()
+    prepare(session, dec, GREEDY)
+    before = graphs.Totals.shapes
+    assert [generate(session, dec, Request(turn, GREEDY, 20)).tokens for turn in turns] == ref
+    assert graphs.Totals.shapes == before

@@ -41,6 +41,8 @@ class RecurrentState:
         self.g = torch.zeros(layers, max_rows, v_heads, **f32)
         # The committed length S0 / conv0 hold: the start of the forward that kept them (-1: none yet).
         self.s0_at = torch.full((1,), -1, dtype=torch.long, device=device)
+        # The last real row of a held prompt forward (padded to a graph's rows): its fold's n, written before it runs.
+        self.last_row = torch.zeros(1, dtype=torch.long, device=device)
         self.start, self.rows, self.at = 0, 0, 0
 
     # Device side: what a forward runs (capturable: fixed shapes, n may live in device memory). A forward of at most

@@ -332,16 +332,18 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
         return key[0] == 1 and bool(key[-1])
 
     # A hybrid target (a recurrent state beside the KV): a verify leaves the state where it started and, once the
-    # verdict is in, folds in its accepted rows (n read from device memory), inside the step.
+    # verdict is in, folds in its accepted rows (n read from device memory), inside the step; a short prompt, padded to
+    # one graph's rows like a Qwen3 one, folds in its real rows.
     recurrent = getattr(model, "recurrent", False)
 
     def fn(ids, positions, window, capture, all_logits, accept=False):
         feed = (positions, fed) if accept and len(ids) == 1 else None
-        hold = recurrent and bool(accept) and len(ids) > 1
+        # Held: a verify (it keeps its accepted rows) and a prompt (its real rows, before the padding: state.last_row).
+        hold = recurrent and 1 < len(ids) <= cache.state.max_rows
         out = model.forward_static(ids, positions, cache, window, capture, all_logits, **({"hold": True} if hold else {}))
         out = with_verdict(out, ids, accept, feed)
         if hold:
-            model.commit_rows(cache, out.verdict[:1], len(ids))
+            model.commit_rows(cache, out.verdict[:1] if accept else cache.state.last_row, len(ids))
         return out
 
     graphs = Graphs(fn, model.device, cache.max_len, use_graphs, feeds, fed)

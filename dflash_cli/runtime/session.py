@@ -157,12 +157,18 @@ class Session:
         if self.length + n > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")
         held = bool(accept) and n > 1  # a verify: its verdict commits a prefix of its rows (`commit`)
+        # A hybrid's short forwards on the fast path are held: the graph folds the state to their last real row
+        # (a verify's verdict, else state.last_row), so a short prompt pads like a Qwen3 one (one graph).
+        folded = self.state is not None and self.fast is not None and 1 < n <= MAX_ROWS
         if self.state is not None:
             self.state.settle(self.length)
-            self.state.began(self.length, n, held)
+            self.state.began(self.length, n, held or folded)
+            if folded and not held:
+                self.state.last_row.fill_(n - 1)
         rows = None
-        # Padding rows would run through a recurrent state: a hybrid target's prompts run at their own size.
-        if self.fast is not None and n > 1 and not accept and not torch.is_tensor(ids) and self.state is None:
+        # Padding rows before a prompt would run through a recurrent state: a hybrid's long prompts run at their size.
+        if self.fast is not None and n > 1 and not accept and not torch.is_tensor(ids) and \
+                (self.state is None or n <= MAX_ROWS):
             rows = prefill_rows(n, self.length, self.max_len)  # a prompt: padded to a size bucket
         if rows is not None and n <= MAX_ROWS:
             # A short prompt: its rows first, then padding at the positions after it (consecutive, as every step's
@@ -186,4 +192,6 @@ class Session:
             if hold:
                 self.model.commit_rows(self.cache, out.verdict[:1], n)
         self.length += n
+        if folded and not held:
+            self.state.at = self.length
         return out
