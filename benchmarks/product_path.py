@@ -1,9 +1,10 @@
 """GPU: the commands users type, in fresh processes, against `dflash bench` on the same checkpoints (issue: the
 product path at engine speed).
 
-Writes Qwen3-4B-shaped random-weight checkpoints in Hub layout to local folders (target, DFlash-b16, EAGLE-3 and
-DFlash 2 drafters of the published shapes; the demo's tokenizer, whose ids the random model mostly does not emit, so the
-text is near empty and only the speed is measured), then, per mode (none / dflash / eagle3) and temperature (0, and
+Writes random-weight checkpoints of a registry entry's shapes (MODEL, default qwen3-4b; qwen3.5-4b: the hybrid, in its
+multimodal layout with its MTP layer) in Hub layout to local folders (the target and every drafter the entry's synthetic
+shapes name: DFlash, DFlash 2, EAGLE-3; the demo's tokenizer, whose ids the random model mostly does not emit, so the
+text is near empty and only the speed is measured), then, per mode (none / dflash / eagle3 / ...) and temperature (0, and
 0.6 with top-p 0.95 and top-k 20), runs `dflash generate --json` of MAX_TOKENS tokens in a fresh process and
 `dflash bench` on the same prompt, and prints: command start to first token, TTFT after load, decode tok/s, CUDA
 graph captures during the generation, bench tok/s and the ratio. Random drafters: τ about 1; then forced τ
@@ -12,7 +13,8 @@ the same shapes, greedy.
 
 Then a scripted 5-turn `dflash chat` (200 tokens a turn) per mode and temperature: decode tok/s and TTFT by turn.
 
-Env: ROOT (checkpoint folder, default /tmp/product), MAX_TOKENS (512), MODES (none,dflash,eagle3; dflash2 too), TEMPS (0,0.6),
+Env: MODEL (qwen3-4b), ROOT (checkpoint folder, default /tmp/product/MODEL), MAX_TOKENS (512), MODES (none and every
+drafter written; mtp for a hybrid), TEMPS (0,0.6),
 PROMPT_TOKENS (short prompt: 0; else a prompt of about that many tokens), CHAT (1: the chat table too), FORCED_TAU
 (6; 0: no forced rows).
 Run: PYTHONUNBUFFERED=1 python benchmarks/product_path.py
@@ -34,15 +36,20 @@ from safetensors.torch import save_file
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dflash_cli.loading.config import Qwen35Config  # noqa: E402
 from dflash_cli.models.dflash import DFlashConfig, checkpoint_shapes as dflash_shapes  # noqa: E402
 from dflash_cli.models.dflash2 import DFlash2Config, checkpoint_shapes as dflash2_shapes  # noqa: E402
 from dflash_cli.models.eagle3 import Eagle3Config  # noqa: E402
-from dflash_cli.models.qwen3 import checkpoint_shapes  # noqa: E402
-from dflash_cli.synthetic import target_config, random_tensors, shipped_configs  # noqa: E402
+from dflash_cli.models.mtp import checkpoint_shapes as mtp_shapes  # noqa: E402
+from dflash_cli.synthetic import target_config, target_shapes, random_tensors, shipped_configs  # noqa: E402
 
-ROOT = Path(os.environ.get("ROOT", "/tmp/product"))
+MODEL = os.environ.get("MODEL", "qwen3-4b")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the random weights are drawn
+ROOT = Path(os.environ.get("ROOT", f"/tmp/product/{MODEL}"))
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "512"))
-MODES = os.environ.get("MODES", "none,dflash,eagle3").split(",")
+DRAFTERS = [k for k in ("dflash", "dflash2", "eagle3") if k in shipped_configs(MODEL)]
+HYBRID = isinstance(target_config(MODEL), Qwen35Config)
+MODES = os.environ.get("MODES", ",".join(["none", *DRAFTERS] + (["mtp"] if HYBRID else []))).split(",")
 TEMPS = [float(t) for t in os.environ.get("TEMPS", "0,0.6").split(",")]
 DEMO = REPO / "dflash_cli" / "demo" / "target"
 
@@ -55,25 +62,35 @@ def write(folder: Path, config: dict, tensors: dict) -> None:
 
 def checkpoints() -> None:
     """The folders, written once (a later run reuses them)."""
-    if (ROOT / "dflash2" / "model.safetensors").is_file():
+    if (ROOT / "written").is_file():
         return
-    shipped = shipped_configs("qwen3-4b")
-    cfg = target_config("qwen3-4b")
+    shipped = shipped_configs(MODEL)
+    cfg = target_config(MODEL)
     target = ROOT / "target"
-    write(target, shipped["target"], random_tensors(checkpoint_shapes(cfg), "cuda", torch.bfloat16, seed=0))
+    tensors = random_tensors(target_shapes(cfg), DEVICE, torch.bfloat16, seed=0)
+    if HYBRID:  # the published multimodal layout: the text tower under model.language_model., the MTP beside it
+        tensors = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+                   for k, v in tensors.items()}
+        tensors.update(random_tensors(mtp_shapes(cfg), DEVICE, torch.bfloat16, seed=4))
+    write(target, shipped["target"], tensors)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(DEMO / name, target / name)
     (target / "generation_config.json").write_text(json.dumps(
         {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": [4094]}))
-    d = DFlashConfig(shipped["dflash"], Path("dflash"))
-    write(ROOT / "dflash", shipped["dflash"], random_tensors(dflash_shapes(d), "cuda", torch.bfloat16, seed=1))
-    e = Eagle3Config(shipped["eagle3"], Path("eagle3"), cfg)
-    tensors = random_tensors(e.checkpoint_shapes(), "cuda", torch.bfloat16, seed=2)
-    tensors.update(e.identity_maps("cuda"))
-    write(ROOT / "eagle3", shipped["eagle3"], tensors)
-    d2 = DFlash2Config(shipped["dflash2"], Path("dflash2"))
-    write(ROOT / "dflash2", shipped["dflash2"], random_tensors(dflash2_shapes(d2), "cuda", torch.bfloat16, seed=3))
-    torch.cuda.empty_cache()
+    for seed, kind in enumerate(DRAFTERS, start=1):
+        raw = shipped[kind]
+        if kind == "eagle3":
+            e = Eagle3Config(raw, Path(kind), cfg)
+            tensors = random_tensors(e.checkpoint_shapes(), DEVICE, torch.bfloat16, seed=seed)
+            tensors.update(e.identity_maps(DEVICE))
+        else:
+            c = (DFlashConfig if kind == "dflash" else DFlash2Config)(raw, Path(kind))
+            shapes = (dflash_shapes if kind == "dflash" else dflash2_shapes)(c)
+            tensors = random_tensors(shapes, DEVICE, torch.bfloat16, seed=seed)
+        write(ROOT / kind, raw, tensors)
+    (ROOT / "written").touch()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
 
 
 def prompt() -> str:
@@ -86,7 +103,7 @@ def sampling(temp: float) -> list[str]:
 
 
 def draft(mode: str) -> str:
-    return "none" if mode == "none" else str(ROOT / mode)
+    return mode if mode in ("none", "mtp") else str(ROOT / mode)
 
 
 def generate(mode: str, temp: float, prompt_file: Path, tau: float | None = None) -> dict:
@@ -131,9 +148,9 @@ def bench(mode: str, temp: float, prompts: Path) -> float | None:
 
 
 def forced_bench(mode: str, tau: float) -> float | None:
-    """`dflash bench --synthetic` at a forced τ: Qwen3-4B shapes and random weights, as the local checkpoints."""
+    """`dflash bench --synthetic` at a forced τ: MODEL's shapes and random weights, as the local checkpoints."""
     return run_bench(mode, ROOT / f"bench_{mode}_tau{tau}.json", f"--synthetic τ {tau}",
-                     ["--model", "qwen3-4b", "--synthetic", "--synthetic-tau", str(tau), "--draft", mode])
+                     ["--model", MODEL, "--synthetic", "--synthetic-tau", str(tau), "--draft", mode])
 
 
 def run_bench(mode: str, report: Path, label: str, args: list[str]) -> float | None:
