@@ -7,6 +7,7 @@ the model code.
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 
 import torch
@@ -39,6 +40,15 @@ def _triton_on(x: torch.Tensor):
         except ImportError:
             _kernels = False
     return _kernels or None
+
+
+def model_kernels(x: torch.Tensor, name: str):
+    """A model's own Triton kernels, the module kernels/<name> (dflash2: DFlash 2's convolution and selector), where
+    the Triton kernels run on `x`'s device (CUDA, any dtype, the `kernels` knob on), else None: that model's torch
+    code is then the path (and the reference its kernels are checked against)."""
+    if not _triton_on(x):
+        return None
+    return importlib.import_module(f"..kernels.{name}", __package__)
 
 
 def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int, offset=None,
