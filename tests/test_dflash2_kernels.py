@@ -96,3 +96,64 @@ def test_dflash2_kernels_match_reference_in_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+# The drafter with its kernels dispatched (ops.model_kernels forced to the interpreted module on CPU) against the
+# torch path, through whole generations on the static path (what the GPU's graphs capture): the conv views and
+# residual adds, the anchor, the sampler's temperature tensor and the noise as the model passes them. Greedy: the
+# same drafts and tokens. Sampled: the same too, since on CPU one Exp(1) draw of [k, K] equals k draws of [1, K].
+DISPATCH = textwrap.dedent("""
+    import json, sys, tempfile
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, "tests")
+    from tiny import make_dflash2, make_qwen3
+    from dflash_cli.kernels import dflash2 as kernel
+    from dflash_cli.layers import ops
+    from dflash_cli.models.dflash2 import DFlash2Drafter
+    from dflash_cli.models.qwen3 import Qwen3Model
+    from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
+    from dflash_cli.runtime.generation import Request, generate
+    from dflash_cli.runtime.sampling import SamplingParams
+    from dflash_cli.runtime.session import Session
+    from dflash_cli.runtime.speculative import SpeculativeDecoder
+    torch.set_num_threads(1)
+    root = Path(tempfile.mkdtemp())
+    target_dir = make_qwen3(root / "target", seed=5, num_hidden_layers=3, with_tokenizer=False)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    folder = make_dflash2(root / "d2", cfg, seed=6, layers=1, block_size=6, target_layer_ids=[0, 2], kernel_size=3,
+                          top_k=5, rank=12)
+    target = Qwen3Model.load(target_dir)
+    drafter = DFlash2Drafter.load(folder, target, selector=True)
+    calls = {}
+    def counted(name):
+        fn = getattr(kernel, name)
+        def run(*args):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*args)
+        return run
+    module = type("Kernels", (), {n: staticmethod(counted(n) if not n.endswith("fits") else getattr(kernel, n))
+                                  for n in ("dynamic_conv", "conv_fits", "selector_scores", "scores_fit",
+                                            "selector_walk", "walk_fits")})
+    prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
+    def run(params):
+        session = Session(target, max_len=64, path="static")
+        res = generate(session, SpeculativeDecoder(DFlash2Proposer(drafter)), Request(prompt, params, max_tokens=14))
+        return res.tokens, [s.draft for s in res.steps]
+    for params in (SamplingParams(), SamplingParams(temperature=0.9, seed=3)):
+        want = run(params)
+        ops.model_kernels, saved = (lambda x, name: module), ops.model_kernels
+        try:
+            got = run(params)
+        finally:
+            ops.model_kernels = saved
+        assert got == want, (params, got, want)
+    assert calls["dynamic_conv"] >= 4 and calls["selector_scores"] >= 2 and calls["selector_walk"] >= 2, calls
+    print("ok", calls)
+""")
+
+
+def test_dflash2_drafter_with_its_kernels_gives_the_torch_drafts():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", DISPATCH], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
