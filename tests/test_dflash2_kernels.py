@@ -31,7 +31,8 @@ CHECK = textwrap.dedent("""
         for rows in (1, 3, 8, 16):
             for taps in (1, 2, 3, 4):
                 for groups in (1, 2, 4):
-                    x, base, h = randn(rows, 48, dtype=dtype), randn(taps, 48, dtype=dtype), randn(rows, 48, dtype=dtype)
+                    x, h = randn(rows, 48, dtype=dtype), randn(rows, 48, dtype=dtype)
+                    base = randn(taps, 48, dtype=dtype)
                     delta = randn(rows, 2 * taps * groups, dtype=dtype).view(rows, 2, taps, groups)[:, 1]
                     assert kernel.conv_fits(x, delta, base, h)
                     assert rel(kernel.dynamic_conv(x, delta, base), convolve(x, delta, base)) <= tol, \\
