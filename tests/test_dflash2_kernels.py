@@ -38,6 +38,11 @@ CHECK = textwrap.dedent("""
                     assert rel(kernel.dynamic_conv(x, delta, base), convolve(x, delta, base)) <= tol, \\
                         (dtype, rows, taps, groups)
                     assert rel(kernel.dynamic_conv(x, delta, base, h), convolve(x, delta, base, h)) <= tol
+                    # with the next sublayer's norm: the sum, and its RMSNorm
+                    weight = 1 + 0.1 * randn(48, dtype=dtype)
+                    got_h, got_x = kernel.conv_add_rms_norm(x, delta, base, h, weight, 1e-6)
+                    want_h = convolve(x, delta, base, h)
+                    assert rel(got_h, want_h) <= tol and rel(got_x, ops.rms_norm(want_h, weight, 1e-6)) <= tol
 
     # The selector: K candidates of V tokens, rank R; the codebooks in float32 and bf16 (the model's dtype).
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, BF16)):
@@ -134,7 +139,8 @@ DISPATCH = textwrap.dedent("""
             return fn(*args)
         return run
     module = type("Kernels", (), {n: staticmethod(counted(n) if not n.endswith("fits") else getattr(kernel, n))
-                                  for n in ("dynamic_conv", "conv_fits", "selector_scores", "scores_fit",
+                                  for n in ("dynamic_conv", "conv_add_rms_norm", "conv_fits", "selector_scores",
+                                            "scores_fit",
                                             "selector_walk", "walk_fits")})
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     def run(params):
@@ -149,7 +155,8 @@ DISPATCH = textwrap.dedent("""
         finally:
             ops.model_kernels = saved
         assert got == want, (params, got, want)
-    assert calls["dynamic_conv"] >= 4 and calls["selector_scores"] >= 2 and calls["selector_walk"] >= 2, calls
+    assert calls["dynamic_conv"] >= 4 and calls["conv_add_rms_norm"] >= 4, calls
+    assert calls["selector_scores"] >= 2 and calls["selector_walk"] >= 2, calls
     print("ok", calls)
 """)
 

@@ -2,6 +2,8 @@
 
 - `dynamic_conv`: the grouped dynamic causal convolution of one block (torch: 2 + 3 * taps kernels per call, four
   calls per layer), with the sublayer's residual add where given. Each program a block of channels for every row.
+  `conv_add_rms_norm`: the same convolution of a sublayer's output, its residual add and the next sublayer's
+  RMSNorm, one program a row (a sublayer's end and the next one's start: the norm costs no launch of its own).
 - `selector_scores`: the candidate selector's scores [k, K, K] from the top-K candidates and their logits, the
   anchor and the rows' projected states (torch: a cat, two gathers, a product, a batched product and an add). One
   program per draft row, its K x K edges one small float32 product (Triton's interpreter has no bf16 tl.dot).
@@ -27,6 +29,26 @@ TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny: 
 
 
 @triton.jit
+def _convolve_rows(x_ptr, d_ptr, b_ptr, t, c, inside, H, stride_x, stride_dt, stride_dj, GROUP: tl.constexpr,
+                   TAPS: tl.constexpr, dt: tl.constexpr):
+    """out[t, c] = sum_j (base[j, c] + delta[t, j, c // GROUP]) * x[t - j, c] in float32 for rows t and channels c
+    (broadcast against each other; `inside` masks them), summed in the reference's order and rounded to dt where
+    it rounds; rows before the block's first are zeros."""
+    out = tl.zeros(inside.shape, tl.float32)
+    for j in tl.static_range(TAPS):
+        xs = tl.load(x_ptr + tl.maximum(t - j, 0) * stride_x + c, mask=inside, other=0.0).to(tl.float32)
+        xs = tl.where(t >= j, xs, 0.0)
+        w = (tl.load(b_ptr + j * H + c, mask=c < H, other=0.0).to(tl.float32)
+             + tl.load(d_ptr + t * stride_dt + j * stride_dj + c // GROUP, mask=inside, other=0.0).to(tl.float32))
+        p = (w.to(dt).to(tl.float32) * xs).to(dt).to(tl.float32)
+        if j == 0:
+            out = p
+        else:
+            out = (out + p).to(dt).to(tl.float32)
+    return out
+
+
+@triton.jit
 def _dynamic_conv_kernel(x_ptr, d_ptr, b_ptr, r_ptr, out_ptr, T, H, stride_x, stride_dt, stride_dj, stride_r,
                          GROUP: tl.constexpr, TAPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
                          RESIDUAL: tl.constexpr, PDL: tl.constexpr):
@@ -35,18 +57,7 @@ def _dynamic_conv_kernel(x_ptr, d_ptr, b_ptr, r_ptr, out_ptr, T, H, stride_x, st
     c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
     inside = (t < T) & (c < H)
     dt = out_ptr.dtype.element_ty
-    g = c // GROUP
-    # out[t] = sum_j (base[j] + delta[t, j, g]) * x[t - j], summed in the reference's order, each step rounded
-    out = tl.zeros((BLOCK_T, BLOCK_C), tl.float32)
-    for j in tl.static_range(TAPS):
-        xs = tl.load(x_ptr + (t - j) * stride_x + c, mask=inside & (t >= j), other=0.0).to(tl.float32)
-        w = (tl.load(b_ptr + j * H + c, mask=c < H, other=0.0).to(tl.float32)
-             + tl.load(d_ptr + t * stride_dt + j * stride_dj + g, mask=inside, other=0.0).to(tl.float32))
-        p = (w.to(dt).to(tl.float32) * xs).to(dt).to(tl.float32)
-        if j == 0:
-            out = p
-        else:
-            out = (out + p).to(dt).to(tl.float32)
+    out = _convolve_rows(x_ptr, d_ptr, b_ptr, t, c, inside, H, stride_x, stride_dt, stride_dj, GROUP, TAPS, dt)
     if RESIDUAL:
         out = tl.load(r_ptr + t * stride_r + c, mask=inside, other=0.0).to(tl.float32) + out
     tl.store(out_ptr + t * H + c, out.to(dt), mask=inside)
@@ -74,6 +85,42 @@ def dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, resid
         GROUP=h // groups, TAPS=taps, BLOCK_T=max(2, triton.next_power_of_2(rows)), BLOCK_C=CONV_CHANNELS,
         RESIDUAL=residual is not None, **launch_options(x.device))
     return out
+
+
+@triton.jit
+def _conv_add_rms_norm_kernel(x_ptr, d_ptr, b_ptr, r_ptr, w_ptr, h_out, x_out, H, stride_x, stride_dt, stride_dj,
+                              stride_r, eps, GROUP: tl.constexpr, TAPS: tl.constexpr, BLOCK: tl.constexpr,
+                              PDL: tl.constexpr):
+    pdl_start(PDL)
+    t = tl.program_id(0)
+    c = tl.arange(0, BLOCK)
+    real = c < H
+    dt = h_out.dtype.element_ty
+    # Row t's convolution over all its channels, then the residual add and the norm
+    out = _convolve_rows(x_ptr, d_ptr, b_ptr, t, c, real, H, stride_x, stride_dt, stride_dj, GROUP, TAPS, dt)
+    h = (tl.load(r_ptr + t * stride_r + c, mask=real, other=0.0).to(tl.float32) + out).to(dt)
+    tl.store(h_out + t * H + c, h, mask=real)
+    hf = h.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / H + eps)  # as elementwise's RMSNorm
+    norm = tl.load(w_ptr + c, mask=real, other=0.0).to(tl.float32)
+    tl.store(x_out + t * H + c, ((hf * r).to(dt).to(tl.float32) * norm).to(dt), mask=real)
+
+
+def conv_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual: torch.Tensor,
+                      weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sublayer's end and the next one's start in one kernel: h = residual + dynamic_conv(x, delta, base), and
+    h's RMSNorm by `weight` -> (h, normed) [T, H]. One program a row, all its channels (conv_fits; weight in x's
+    dtype, contiguous)."""
+    rows, h = x.shape
+    taps, groups = delta.shape[1], delta.shape[2]
+    h_out = torch.empty((rows, h), dtype=x.dtype, device=x.device)
+    x_out = torch.empty_like(h_out)
+    block = triton.next_power_of_2(h)
+    _conv_add_rms_norm_kernel[(rows,)](x, delta, base, residual, weight, h_out, x_out, h, x.stride(0),
+                                       delta.stride(0), delta.stride(1), residual.stride(0), eps, GROUP=h // groups,
+                                       TAPS=taps, BLOCK=block, num_warps=8 if block >= 8192 else 4,
+                                       **launch_options(x.device))
+    return h_out, x_out
 
 
 @triton.jit

@@ -165,9 +165,17 @@ class DynamicConv:
         delta = ops.linear(x, self.projection).view(x.shape[0], 2, taps, -1)
         return convolve(x, delta[:, 0], self.base[0]), delta[:, 1]
 
-    def finish(self, y: torch.Tensor, delta: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """y [T, H] (the sublayer's output) convolved with prepare's correction (+ residual where given)."""
-        return convolve(y, delta, self.base[1], residual)
+    def finish(self, y: torch.Tensor, delta: torch.Tensor, residual: torch.Tensor, norm: torch.Tensor | None = None,
+               eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sublayer's output y [T, H] convolved with prepare's correction, plus the residual: h; and h's
+        RMSNorm by `norm` (the next sublayer's input) where given, else None. One kernel on the GPU."""
+        if norm is None:
+            return convolve(y, delta, self.base[1], residual), None
+        k = ops.model_kernels(y, "dflash2")
+        if k and k.conv_fits(y, delta, self.base[1], residual) and norm.dtype == y.dtype and norm.is_contiguous():
+            return k.conv_add_rms_norm(y, delta, self.base[1], residual, norm, eps)
+        h = convolve(y, delta, self.base[1], residual)
+        return h, ops.rms_norm(h, norm, eps)
 
     @classmethod
     def take(cls, t: dict[str, torch.Tensor], prefix: str) -> "DynamicConv":
@@ -248,22 +256,24 @@ class DFlash2Drafter(DFlashDrafter):
 
     def block_states(self, block: torch.Tensor, span, final_norm: bool = False) -> torch.Tensor:
         """DFlash's layers with each sublayer between its two convolutions:
-        h + finish(Attention(prepare(RMSNorm(h)))), then h + finish(MLP(prepare(RMSNorm(h))))."""
+        h + finish(Attention(prepare(RMSNorm(h)))), then h + finish(MLP(prepare(RMSNorm(h)))).
+        Each sublayer's finish also gives the next sublayer's RMSNorm (the final norm after the last)."""
         m, c = self.cfg, self.c
         h = self.target.embed[block]
         if c.embedding_scale != 1.0:
             h = h * c.embedding_scale
+        sublayers = []  # (conv, the norm before it, the sublayer)
         for i, (layer, (attn_conv, mlp_conv)) in enumerate(zip(self.layers, self.convs)):
-            h = self._sublayer(attn_conv, h, layer.input_norm,
-                               lambda x: ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o))
-            h = self._sublayer(mlp_conv, h, layer.post_norm,
-                               lambda x: ops.linear(ops.swiglu(x, layer.gate_up), layer.down))
-        return ops.rms_norm(h, self.norm, m.rms_norm_eps) if final_norm else h
-
-    def _sublayer(self, conv: DynamicConv, h: torch.Tensor, norm: torch.Tensor, fn) -> torch.Tensor:
-        """h + finish(fn(prepare(RMSNorm(h)))): one sublayer between its two convolutions, and the residual add."""
-        x, delta = conv.prepare(ops.rms_norm(h, norm, self.cfg.rms_norm_eps))
-        return conv.finish(fn(x), delta, residual=h)
+            sublayers += [(attn_conv, layer.input_norm, lambda x, layer=layer, i=i: ops.linear(
+                               self_attention(layer, x, m, span, i, self.scale), layer.o)),
+                          (mlp_conv, layer.post_norm, lambda x, layer=layer: ops.linear(
+                               ops.swiglu(x, layer.gate_up), layer.down))]
+        norms = [norm for _, norm, _ in sublayers[1:]] + [self.norm if final_norm else None]
+        x = ops.rms_norm(h, sublayers[0][1], m.rms_norm_eps)
+        for (conv, _, sublayer), norm in zip(sublayers, norms):
+            y, delta = conv.prepare(x)
+            h, x = conv.finish(sublayer(y), delta, h, norm, m.rms_norm_eps)
+        return x if final_norm else h
 
     def draft(self, block: torch.Tensor, span, temperature=None, draw=None, noise=None):
         """The block [anchor, masks...] at `span` -> (drafts [k], their q rows as (candidate ids [k, K], probs
