@@ -48,7 +48,13 @@ def model_kernels(x: torch.Tensor, name: str):
     code is then the path (and the reference its kernels are checked against)."""
     if not _triton_on(x):
         return None
-    return importlib.import_module(f"..kernels.{name}", __package__)
+    module = _model_kernels.get(name)
+    if module is None:
+        module = _model_kernels[name] = importlib.import_module(f"..kernels.{name}", __package__)
+    return module
+
+
+_model_kernels: dict = {}
 
 
 def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int, offset=None,

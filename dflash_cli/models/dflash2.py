@@ -257,17 +257,20 @@ class DFlash2Drafter(DFlashDrafter):
     def block_states(self, block: torch.Tensor, span, final_norm: bool = False) -> torch.Tensor:
         """DFlash's layers with each sublayer between its two convolutions:
         h + finish(Attention(prepare(RMSNorm(h)))), then h + finish(MLP(prepare(RMSNorm(h)))).
-        Each sublayer's finish also gives the next sublayer's RMSNorm (the final norm after the last)."""
+        `finish` adds the residual and gives the next sublayer's RMSNorm too (after the last, the final norm)."""
         m, c = self.cfg, self.c
         h = self.target.embed[block]
         if c.embedding_scale != 1.0:
             h = h * c.embedding_scale
-        sublayers = []  # (conv, the norm before it, the sublayer)
+        sublayers = []  # (its convolutions, the norm before it, the sublayer)
         for i, (layer, (attn_conv, mlp_conv)) in enumerate(zip(self.layers, self.convs)):
-            sublayers += [(attn_conv, layer.input_norm, lambda x, layer=layer, i=i: ops.linear(
-                               self_attention(layer, x, m, span, i, self.scale), layer.o)),
-                          (mlp_conv, layer.post_norm, lambda x, layer=layer: ops.linear(
-                               ops.swiglu(x, layer.gate_up), layer.down))]
+            def attention(x, layer=layer, i=i):
+                return ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o)
+
+            def mlp(x, layer=layer):
+                return ops.linear(ops.swiglu(x, layer.gate_up), layer.down)
+
+            sublayers += [(attn_conv, layer.input_norm, attention), (mlp_conv, layer.post_norm, mlp)]
         norms = [norm for _, norm, _ in sublayers[1:]] + [self.norm if final_norm else None]
         x = ops.rms_norm(h, sublayers[0][1], m.rms_norm_eps)
         for (conv, _, sublayer), norm in zip(sublayers, norms):
