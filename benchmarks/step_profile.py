@@ -1,7 +1,8 @@
 """GPU: where a decode step's time goes. Random Qwen3-4B shapes, bf16, context 1024.
 
-Times graph replays of the decode step (1 row) and a 16-row verify, then profiles the same static forwards
-run eagerly (kernel durations, not launch gaps) and a DFlash draft, listing kernels by total time per step.
+Times graph replays of the decode step (1 row) and a 16-row verify, and DFlash 2's draft step against DFlash's of the
+same block (greedy and sampled), then profiles the same static forwards run eagerly (kernel durations, not launch
+gaps) and the DFlash and DFlash 2 drafts, listing kernels by total time per step.
 Last, whole forced-acceptance DFlash and EAGLE-3 steps as the bench runs them (graphs): wall time per step against the
 time the GPU is busy, so the host's share of a step (launches, the one sync, Python) is measured.
 REPLAYS_ONLY=1 stops after the graph replays (for A/B runs of a switch); STEPS_ONLY=1 adds, after them, the wall
@@ -23,10 +24,10 @@ CTX = int(os.environ.get("CTX", "1024"))
 def print_resources():
     """RESOURCES=1: shared memory, registers and warps of every Triton kernel compiled so far (which kernels can
     share an SM with a GEMM block, and under which L1/shared split)."""
-    from dflash_cli.kernels import attention, elementwise, greedy
+    from dflash_cli.kernels import attention, dflash2, elementwise, greedy
     from dflash_cli.kernels.carveout import compiled
 
-    for name, kernel in compiled((attention, elementwise, greedy)):
+    for name, kernel in compiled((attention, dflash2, elementwise, greedy)):
         md = kernel.metadata
         print(f"resources {name}: shared {md.shared} B, regs {kernel.n_regs}, warps {md.num_warps}")
 
@@ -192,6 +193,45 @@ def spec_steps(model, proposer, label, tau=6.0, new=128):
     decode_steps(model, forced_decoder(model, proposer, tau, new), f"{label} steps (graphs, forced tau {tau})", new)
 
 
+def dflash2_draft_costs(model, hidden, dflash, eager=False):
+    """DFlash 2's draft step against DFlash's of the same block and depth (issue 46: within 1.15x), as graph
+    replays of the proposers' steps: greedy (DFlash: its logits' argmax after the graph) and sampled at T = 0.7
+    (drafts drawn, q rows written), DFlash 2 with its candidate selector and without (its convolutions alone).
+    eager: also the kernels of each DFlash 2 step run eagerly on the static path (launches per step)."""
+    from dflash_cli.runtime import sampling
+    from dflash_cli.runtime.drafters.dflash import DFlashProposer
+    from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
+    from dflash_cli.runtime.sampling import SamplingParams
+
+    d2 = random_drafter("qwen3-4b", "dflash2", model)
+    k = d2.block_size - 1
+    greedy, hot = SamplingParams(), SamplingParams(temperature=0.7)
+    sampling.begin(hot, model.device)
+
+    def proposer(kind, selector=True, path="graphs"):
+        d2.use_selector = selector
+        run = DFlashProposer(dflash) if kind == "dflash" else DFlash2Proposer(d2)
+        run.reset(CTX + 256, path)
+        run.absorb(hidden, 0)
+        return run
+
+    cases = (("DFlash", "dflash", True), ("DFlash 2", "dflash2", True), ("DFlash 2, selector off", "dflash2", False))
+    base = {}
+    for label, kind, selector in cases:
+        run = proposer(kind, selector)
+        times = [replay_ms(lambda: run.propose(5, k, params, None)) for params in (greedy, hot)]
+        base.setdefault("greedy", times[0])
+        base.setdefault("sampled", times[1])
+        print(f"graph replay: {label} draft of {k} rows: greedy {times[0]:.3f} ms "
+              f"({times[0] / base['greedy']:.2f}x DFlash), sampled {times[1]:.3f} ms "
+              f"({times[1] / base['sampled']:.2f}x DFlash)")
+    if eager:
+        for params, mode in ((greedy, "greedy"), (hot, "sampled")):
+            run = proposer("dflash2", path="static")
+            profile(lambda: run.propose(5, k, params, None), 5, f"DFlash 2 draft, {mode} (eager static)")
+    d2.use_selector = True
+
+
 def main():
     torch.manual_seed(0)
     model = random_target("qwen3-4b", "cuda", torch.bfloat16, seed=0)
@@ -215,6 +255,7 @@ def main():
     run.absorb(out.hidden, 0)
     draft = lambda: run.draft_logits(5, 15)  # noqa: E731
     print(f"graph replay: DFlash draft {replay_ms(draft):.3f} ms")
+    dflash2_draft_costs(model, out.hidden, drafter, eager=os.environ.get("REPLAYS_ONLY") != "1")
     if os.environ.get("RESOURCES") == "1":
         print_resources()
     if os.environ.get("STEPS_ONLY") == "1":  # A/B runs of the step's work outside the graphs

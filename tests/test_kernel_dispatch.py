@@ -240,3 +240,23 @@ def test_the_hand_gemm_source_is_found():
     from dflash_cli.kernels import cubin
 
     assert cubin.source("skinny_gemm.cu") is not None, cubin.CSRC
+
+
+def test_dflash2_kernels_take_one_block_of_one_dtype():
+    """DFlash 2's kernels run on CUDA only, on a block's rows of one dtype with unit-stride channels (a view of the
+    projection for delta); the rest goes to models/dflash2.py's torch code. The sampled walk reads a float32
+    temperature tensor."""
+    pytest.importorskip("triton")
+    from dflash_cli.kernels import dflash2 as k
+
+    assert ops.model_kernels(torch.zeros(2), "dflash2") is None  # CPU: the torch code
+    x, base = torch.zeros(8, 32), torch.zeros(2, 32)
+    delta = torch.zeros(8, 2 * 2 * 4).view(8, 2, 2, 4)[:, 1]
+    assert k.conv_fits(x, delta, base) and k.conv_fits(x, delta, base, x)
+    assert not k.conv_fits(torch.zeros(33, 32), torch.zeros(33, 2, 4), base)  # more rows than a block
+    assert not k.conv_fits(x.bfloat16(), delta, base)  # mixed dtypes
+    assert not k.conv_fits(torch.zeros(32, 8).t(), delta, base)  # strided channels
+    assert not k.conv_fits(x, delta, base, torch.zeros(8, 32, dtype=torch.float64))
+    candidates, scores = torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 4)
+    assert k.walk_fits(candidates, scores) and k.walk_fits(candidates, scores, torch.ones(1))
+    assert not k.walk_fits(candidates, scores, torch.ones(1, dtype=torch.float64))

@@ -31,9 +31,10 @@ def compiled(modules) -> list:
 
 def _handles():
     """The function handles of every Triton kernel and csrc/ cubin function of the step loaded so far."""
-    from . import attention, cubin, elementwise, greedy, prefill_attention, skinny_gemm
+    from . import attention, cubin, delta_rule, dflash2, elementwise, greedy, prefill_attention, skinny_gemm
 
-    for _, kernel in compiled((attention, elementwise, greedy, prefill_attention, skinny_gemm)):
+    for _, kernel in compiled((attention, delta_rule, dflash2, elementwise, greedy, prefill_attention,
+                               skinny_gemm)):
         if getattr(kernel, "function", None):
             yield int(kernel.function)
     for module in cubin.loaded_modules():

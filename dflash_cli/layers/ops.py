@@ -7,6 +7,7 @@ the model code.
 
 from __future__ import annotations
 
+import importlib
 from contextlib import contextmanager
 
 import torch
@@ -45,6 +46,21 @@ def triton_kernels(x: torch.Tensor) -> bool:
     """Whether Triton kernels run on tensors like x, in any dtype: on a CUDA device, with the kernels available and
     neither the `kernels` knob nor `reference_only` turning them off (a float32 recurrent state, say)."""
     return bool(_triton_on(x))
+
+
+def model_kernels(x: torch.Tensor, name: str):
+    """A model's own Triton kernels, the module kernels/<name> (dflash2: DFlash 2's convolution and selector), where
+    the Triton kernels run on `x`'s device (CUDA, any dtype, the `kernels` knob on), else None: that model's torch
+    code is then the path (and the reference its kernels are checked against)."""
+    if not _triton_on(x):
+        return None
+    module = _model_kernels.get(name)
+    if module is None:
+        module = _model_kernels[name] = importlib.import_module(f"..kernels.{name}", __package__)
+    return module
+
+
+_model_kernels: dict = {}
 
 
 def stage_step(ids: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, start: int, offset=None,

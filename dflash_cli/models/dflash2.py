@@ -133,10 +133,14 @@ def rename(name: str) -> str:
     return name
 
 
-def convolve(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+def convolve(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor,
+             residual: torch.Tensor | None = None) -> torch.Tensor:
     """The grouped dynamic causal convolution over one block's rows: x [T, H], delta [T, taps, G] (each row's
     correction per tap and channel group), base [taps, H] -> [T, H]; out[t] = sum_j (base[j] + delta[t, j]) * x[t - j],
-    rows before the block's first zero."""
+    rows before the block's first zero. residual: residual + out (the sublayer's residual add). One kernel on the
+    GPU (kernels/dflash2.dynamic_conv)."""
+    if (k := ops.model_kernels(x, "dflash2")) and k.conv_fits(x, delta, base, residual):
+        return k.dynamic_conv(x, delta, base, residual)
     rows, taps, groups = delta.shape
     xs = x.view(rows, groups, -1)
     base = base.view(taps, groups, -1)
@@ -144,7 +148,8 @@ def convolve(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor) -> torch.
     for j in range(1, min(taps, rows)):
         shifted = torch.cat([xs.new_zeros(j, *xs.shape[1:]), xs[:-j]])
         out = out + (base[j] + delta[:, j, :, None]) * shifted
-    return out.view(rows, -1)
+    out = out.view(rows, -1)
+    return out if residual is None else residual + out
 
 
 @dataclass
@@ -160,8 +165,17 @@ class DynamicConv:
         delta = ops.linear(x, self.projection).view(x.shape[0], 2, taps, -1)
         return convolve(x, delta[:, 0], self.base[0]), delta[:, 1]
 
-    def finish(self, y: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        return convolve(y, delta, self.base[1])
+    def finish(self, y: torch.Tensor, delta: torch.Tensor, residual: torch.Tensor, norm: torch.Tensor | None = None,
+               eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sublayer's output y [T, H] convolved with prepare's correction, plus the residual: h; and h's
+        RMSNorm by `norm` (the next sublayer's input) where given, else None. One kernel on the GPU."""
+        if norm is None:
+            return convolve(y, delta, self.base[1], residual), None
+        k = ops.model_kernels(y, "dflash2")
+        if k and k.conv_fits(y, delta, self.base[1], residual) and norm.dtype == y.dtype and norm.is_contiguous():
+            return k.conv_add_rms_norm(y, delta, self.base[1], residual, norm, eps)
+        h = convolve(y, delta, self.base[1], residual)
+        return h, ops.rms_norm(h, norm, eps)
 
     @classmethod
     def take(cls, t: dict[str, torch.Tensor], prefix: str) -> "DynamicConv":
@@ -180,16 +194,29 @@ class CandidateSelector:
         (candidates [k, K], scores [k, K, K]): scores[i, a, b] for row i taking candidate b after row i - 1 took its
         candidate a (row 0: after the anchor, every a alike). One batched product for the whole block."""
         unary, candidates = torch.topk(logits, self.top_k, dim=-1)
+        projected = ops.linear(x, self.projection)  # [k, R]
+        if (k := ops.model_kernels(x, "dflash2")) and k.scores_fit(candidates, unary, projected, self.predecessor,
+                                                                   self.successor):
+            return candidates, k.selector_scores(candidates, unary, anchor, projected, self.predecessor,
+                                                 self.successor)  # the gathers and products in one kernel
         before = torch.cat([anchor.view(1, 1).expand(1, self.top_k), candidates[:-1]])  # [k, K]
-        context = self.predecessor[before] * ops.linear(x, self.projection)[:, None]  # [k, K, R]
+        context = self.predecessor[before] * projected[:, None]  # [k, K, R]
         edges = torch.bmm(context, self.successor[candidates].transpose(1, 2))  # [k, K(a), K(b)]
         return candidates, unary[:, None, :] + edges
 
     @staticmethod
-    def walk(candidates: torch.Tensor, scores: torch.Tensor, temperature=None, draw=None):
+    def walk(candidates: torch.Tensor, scores: torch.Tensor, temperature=None, draw=None, noise=None):
         """The path from the anchor: each row's pick given the row before's -> (tokens [k], the picks' rows
         softmax(scores / T) [k, K] or None). Greedy (temperature None): the argmax. Sampled: draw(probs [1, K]) ->
-        index [1]. On the device, shape-static: no host sync."""
+        index [1], the exponential race (runtime/sampling.race); noise(shape) -> Exp(1) float32 noise of that shape
+        from race's generator, where given, lets the GPU walk the whole block in one kernel (row i's draw:
+        argmax(q_i / noise[i]), race's, on noise drawn at once). On the device, shape-static: no host sync."""
+        if (k := ops.model_kernels(scores, "dflash2")) and (temperature is None or noise is not None):
+            if temperature is not None and not isinstance(temperature, torch.Tensor):
+                temperature = torch.full((1,), float(temperature), dtype=torch.float32, device=scores.device)
+            if k.walk_fits(candidates, scores, temperature):
+                return k.selector_walk(candidates, scores, temperature,
+                                       None if temperature is None else noise(candidates.shape))
         pick = torch.zeros(1, dtype=torch.long, device=scores.device)
         picks, rows = [], []
         for i in range(scores.shape[0]):
@@ -229,27 +256,32 @@ class DFlash2Drafter(DFlashDrafter):
 
     def block_states(self, block: torch.Tensor, span, final_norm: bool = False) -> torch.Tensor:
         """DFlash's layers with each sublayer between its two convolutions:
-        h + finish(Attention(prepare(RMSNorm(h)))), then h + finish(MLP(prepare(RMSNorm(h))))."""
+        h + finish(Attention(prepare(RMSNorm(h)))), then h + finish(MLP(prepare(RMSNorm(h)))).
+        `finish` adds the residual and gives the next sublayer's RMSNorm too (after the last, the final norm)."""
         m, c = self.cfg, self.c
         h = self.target.embed[block]
         if c.embedding_scale != 1.0:
             h = h * c.embedding_scale
+        sublayers = []  # (its convolutions, the norm before it, the sublayer)
         for i, (layer, (attn_conv, mlp_conv)) in enumerate(zip(self.layers, self.convs)):
-            h = h + self._sublayer(attn_conv, h, layer.input_norm,
-                                   lambda x: ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o))
-            h = h + self._sublayer(mlp_conv, h, layer.post_norm,
-                                   lambda x: ops.linear(ops.swiglu(x, layer.gate_up), layer.down))
-        return ops.rms_norm(h, self.norm, m.rms_norm_eps) if final_norm else h
+            def attention(x, layer=layer, i=i):
+                return ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o)
 
-    def _sublayer(self, conv: DynamicConv, h: torch.Tensor, norm: torch.Tensor, fn) -> torch.Tensor:
-        """finish(fn(prepare(RMSNorm(h)))): one sublayer's output between its two convolutions."""
-        x, delta = conv.prepare(ops.rms_norm(h, norm, self.cfg.rms_norm_eps))
-        return conv.finish(fn(x), delta)
+            def mlp(x, layer=layer):
+                return ops.linear(ops.swiglu(x, layer.gate_up), layer.down)
 
-    def draft(self, block: torch.Tensor, span, temperature=None, draw=None):
+            sublayers += [(attn_conv, layer.input_norm, attention), (mlp_conv, layer.post_norm, mlp)]
+        norms = [norm for _, norm, _ in sublayers[1:]] + [self.norm if final_norm else None]
+        x = ops.rms_norm(h, sublayers[0][1], m.rms_norm_eps)
+        for (conv, _, sublayer), norm in zip(sublayers, norms):
+            y, delta = conv.prepare(x)
+            h, x = conv.finish(sublayer(y), delta, h, norm, m.rms_norm_eps)
+        return x if final_norm else h
+
+    def draft(self, block: torch.Tensor, span, temperature=None, draw=None, noise=None):
         """The block [anchor, masks...] at `span` -> (drafts [k], their q rows as (candidate ids [k, K], probs
         [k, K]) when sampling, else None). Greedy: the selector's argmax walk; sampled (temperature: a float or a
-        device scalar; draw as CandidateSelector.walk's): its drawn walk."""
+        device scalar; draw and noise as CandidateSelector.walk's): its drawn walk."""
         x = self.block_states(block, span, final_norm=True)[1:]
         logits = self.normed_logits(x)
         if not self.use_selector:  # one candidate per row: its argmax, certain (q one-hot)
@@ -258,5 +290,5 @@ class DFlash2Drafter(DFlashDrafter):
                 return tokens, None
             return tokens, (tokens[:, None], torch.ones(tokens.shape[0], 1, device=tokens.device))
         candidates, scores = self.selector.scores(x, logits, block[:1])
-        tokens, probs = self.selector.walk(candidates, scores, temperature, draw)
+        tokens, probs = self.selector.walk(candidates, scores, temperature, draw, noise)
         return tokens, None if probs is None else (candidates, probs)

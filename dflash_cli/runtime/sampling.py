@@ -171,8 +171,13 @@ def filtered(logits: torch.Tensor, mode: str, s: Sampler) -> Filtered:
 def race(weights: torch.Tensor, gen) -> torch.Tensor:
     """One index per row of `weights` ([..., K], >= 0, not necessarily normalised), drawn with probability
     proportional to its weight: argmax(w / Exp(1)) (the exponential race). A zero weight never wins."""
-    e = torch.empty_like(weights, dtype=torch.float32).exponential_(generator=gen)
+    e = race_noise(weights.shape, weights.device, gen)
     return (weights / e.clamp_min(torch.finfo(torch.float32).tiny)).argmax(-1)
+
+
+def race_noise(shape, device, gen) -> torch.Tensor:
+    """The race's noise: Exp(1) float32 of `shape` from `gen` (a kernel that races many rows draws theirs at once)."""
+    return torch.empty(shape, dtype=torch.float32, device=device).exponential_(generator=gen)
 
 
 def draw(rows: Filtered, gen) -> torch.Tensor:

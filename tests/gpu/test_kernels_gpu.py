@@ -281,3 +281,39 @@ def test_greedy_kernels_match_torch():
     b = int(best[0])
     assert got.tolist() == [0, b] and ids.tolist() == [b] and positions.tolist() == [9]
     assert fed.tolist() == [0] * 9 + [b] + [0] * 2
+
+
+def test_dflash2_kernels_match_reference_bf16():
+    """DFlash 2's convolution, selector scores and walk (kernels/dflash2.py) in bf16 at the Qwen3-4B drafter's shapes
+    (H 2560, groups of 16, 2 taps, rank 256, K 16, 7 draft rows) against the torch code on CPU: the convolution to
+    the reference's bf16 roundings, the walk's picks on the same scores and noise."""
+    from dflash_cli.kernels import dflash2 as k
+    from dflash_cli.models.dflash2 import CandidateSelector, convolve
+
+    torch.manual_seed(0)
+    bf = torch.bfloat16
+    for rows, taps in ((8, 2), (16, 4), (1, 3)):
+        x, h, base = torch.randn(rows, 2560).to(bf), torch.randn(rows, 2560).to(bf), torch.randn(taps, 2560).to(bf)
+        delta = torch.randn(rows, 2 * taps * 160).to(bf).view(rows, 2, taps, 160)[:, 0]
+        want = convolve(x, delta, base, h)
+        got = k.dynamic_conv(x.cuda(), delta.cuda(), base.cuda(), h.cuda()).cpu()
+        assert (got != want).float().mean() <= 1e-3 and rel(got, want) <= 1e-2  # the reference's roundings
+        weight = (1 + 0.1 * torch.randn(2560)).to(bf)
+        got_h, got_x = k.conv_add_rms_norm(x.cuda(), delta.cuda(), base.cuda(), h.cuda(), weight.cuda(), 1e-6)
+        assert torch.equal(got_h.cpu(), got) and rel(got_x, ops.rms_norm(want, weight, 1e-6)) <= 1e-2
+    sel = CandidateSelector(torch.randn(151936, 256).to(bf) * 0.1, torch.randn(151936, 256).to(bf) * 0.1,
+                            torch.randn(256, 2560).to(bf) * 0.02, 16)
+    x, logits = torch.randn(7, 2560).to(bf), torch.randn(7, 151936) * 3
+    anchor = torch.tensor([1234])
+    candidates, scores = sel.scores(x, logits, anchor)
+    cuda = CandidateSelector(*(t.cuda() for t in (sel.predecessor, sel.successor, sel.projection)), 16)
+    got_c, got_s = cuda.scores(x.cuda(), logits.cuda(), anchor.cuda())
+    assert torch.equal(got_c.cpu(), candidates) and rel(got_s, scores) <= 1e-2
+    got_s = got_s.cpu()
+    tokens, _ = CandidateSelector.walk(candidates, got_s)
+    assert torch.equal(k.selector_walk(got_c, got_s.cuda())[0].cpu(), tokens)
+    noise = torch.empty(7, 16).exponential_()
+    rows = iter(noise.split(1))
+    tokens, q = CandidateSelector.walk(candidates, got_s, torch.tensor([0.8]), lambda w: (w / next(rows)).argmax(-1))
+    got_t, got_q = k.selector_walk(got_c, got_s.cuda(), torch.tensor([0.8], device="cuda"), noise.cuda())
+    assert torch.equal(got_t.cpu(), tokens) and torch.allclose(got_q.cpu(), q, rtol=1e-5, atol=1e-7)

@@ -46,7 +46,11 @@ class DFlash2Proposer(DFlashProposer):
         if mode is None:
             return self.model.draft(ids, span)[0]
         s = sampling.sampler(ids.device)
-        drafts, (candidates, probs) = self.model.draft(ids, span, s.temperature, lambda q: sampling.race(q, s.gen))
+        # draw: one row's race (the torch walk); noise: the whole block's Exp(1) noise at once, from the same
+        # generator (the GPU's one-kernel walk races each row on its row of it).
+        drafts, (candidates, probs) = self.model.draft(
+            ids, span, s.temperature, lambda q: sampling.race(q, s.gen),
+            lambda shape: sampling.race_noise(shape, ids.device, s.gen))
         s.write_q(mode, self.model.cfg.vocab_size, sampling.Filtered(candidates, probs))
         return drafts
 
