@@ -117,6 +117,36 @@ class Oracle(Drafter):
         return drafts, q
 
 
+@pytest.mark.parametrize("kind", ["none", "dflash", "mtp"])
+def test_hybrid_target_in_graphs_is_lossless_fp32(kind):
+    """Qwen3.5-4B shapes (Gated DeltaNet + gated attention), fp32: the graphs path (DeltaNet kernels, the fold inside
+    the verify's graph, padded short prompts) gives the eager path's greedy tokens, plain and speculative (an oracle
+    forcing real acceptance), up to rare near-ties; no capture after warm-up."""
+    from dflash_cli.runtime import graphs
+    from dflash_cli.runtime.drafters import proposer as runtime
+    from dflash_cli.runtime.warmup import prepare
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = random_target("qwen3.5-4b", "cuda", torch.float32, seed=3, max_position_embeddings=4096)
+    g = torch.Generator().manual_seed(5)
+    for trial, n in enumerate((9, 40)):  # a padded short prompt, a long one
+        prompt = torch.randint(0, model.cfg.vocab_size, (n,), generator=g).tolist()
+        eager = generate(Session(model, 512, path="eager"), PlainDecoder(), Request(prompt, SamplingParams(), 64))
+        if kind == "none":
+            decoder = PlainDecoder()
+        else:
+            inner = runtime(kind, random_drafter("qwen3.5-4b", kind, model))
+            decoder = SpeculativeDecoder(Oracle(inner, prompt + eager.tokens, trial), 7)
+        session = Session(model, 512)
+        prepare(session, decoder, SamplingParams())
+        before = graphs.Totals.captures
+        res = generate(session, decoder, Request(prompt, SamplingParams(), 64))
+        assert graphs.Totals.captures == before
+        d = first_diff(eager.tokens, res.tokens)
+        if d is not None:
+            assert near_tie(model, prompt + eager.tokens, len(prompt) + d, "eager") < 0.01, (kind, trial, d)
+
+
 @pytest.mark.parametrize("kind", ["dflash", "eagle3", "dflash2"])
 def test_speculative_is_lossless_with_graphs_fp32(kind):
     # fp32 on the GPU (no TF32): decode and verify round alike up to rare near-ties.
