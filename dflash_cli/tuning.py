@@ -70,7 +70,7 @@ def _tau(raw: str | None) -> float | None:
         tau = float(raw)
     except ValueError:
         tau = 0.0
-    if not tau >= 1.0:
+    if not 1.0 <= tau < float("inf"):
         raise DflashError(f"DFLASH_FORCE_TAU={raw!r}: must be a number >= 1 (tokens committed per step)")
     return tau
 

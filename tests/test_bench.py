@@ -112,7 +112,10 @@ def test_generate_at_a_forced_tau_commits_it_through_the_product_path(cli, regis
     out = json.loads(r.out)
     assert out["tokens"] == json.loads(plain.out)["tokens"]
     assert out["stats"]["tau_tokens_per_step"] == float(BLOCK if draft == "dflash" else CHAIN + 1)
-    monkeypatch.setenv("DFLASH_FORCE_TAU", "0.5")
+    assert out["stats"]["forced_tau"] == 100.0  # marked: not the drafter's own acceptance
+    plain_forced = cli("generate", "-p", "x", "-n", "2", "--draft", "none")
+    assert plain_forced.code == 1 and "needs a drafter" in plain_forced.err
+    monkeypatch.setenv("DFLASH_FORCE_TAU", "inf")
     bad = cli("generate", "-p", "x", "-n", "2", "--draft", draft)
     assert bad.code != 0 and "DFLASH_FORCE_TAU" in bad.err and "Traceback" not in bad.err
 

@@ -121,10 +121,14 @@ def test_speculators_layout_loads_to_identical_outputs(setup):
     assert all(torch.equal(x, y) for x, y in zip(la, lb))
 
 
-def test_static_path_gives_the_eager_tokens(setup):
-    """The device-position forward (what the GPU's graphs capture), conv and selector inside the draft step."""
+@pytest.mark.parametrize("window", [None, 5])
+def test_static_path_gives_the_eager_tokens(setup, window):
+    """The device-position forward (what the GPU's graphs capture), conv and selector inside the draft step; with a
+    window (DFLASH_DRAFT_WINDOW's) shorter than the context, both paths mask the same keys."""
     ours_t, zdir, _, _, _ = setup
-    d = DFlash2Drafter.load(zdir, ours_t, selector=True)
+    d = DFlash2Drafter.load(zdir, ours_t, selector=True, window=window)
+    if window:
+        assert all(a.window == window for a in d.c.attention)
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(4))
     (eager, _), (static, _) = our_run(d, prompt, 40), our_run(d, prompt, 40, path="static")
     assert static.tokens == eager.tokens

@@ -1,5 +1,5 @@
 """Drafter defaults: an EAGLE-3 drafter given as a path (not a registry kind) chains its config's length, else 7,
-not the 16-token maximum; a registry kind takes the registry's."""
+not the 16-token maximum; a registry kind takes the registry's; a DFlash block past a step's rows drafts what fits."""
 
 import json
 import shutil
@@ -24,3 +24,23 @@ def test_an_eagle3_drafter_given_as_a_path_gets_its_own_chain_length(tmp_path):
         assert make_decoder(bundle, str(folder)).draft_len == want
     assert make_decoder(bundle, "eagle3").draft_len == bundle.entry.draft_len
     assert make_decoder(bundle, str(tmp_path / "eagle3-7"), draft_len=3).draft_len == 3
+
+
+def test_a_dflash_block_past_a_steps_rows_drafts_what_fits(cli, tiny_model, tmp_path):
+    """A DFlash block of 40 (past MAX_STEP_ROWS = 32 rows with its anchor) drafts 31 a step: greedy equals plain, and
+    sampling runs (its q rows fit the sampler's buffer)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny import make_dflash
+
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    draft = make_dflash(tmp_path / "b40", cfg, seed=3, layers=1, block_size=40, target_layer_ids=[0, 1])
+    args = ("generate", "--model", tiny_model, "-p", "hi", "-n", "40", "--json")
+    plain = cli(*args, "--draft", "none", "--temperature", "0")
+    spec = cli(*args, "--draft", draft, "--temperature", "0")
+    assert plain.code == 0 and spec.code == 0, spec.err
+    assert json.loads(spec.out)["tokens"] == json.loads(plain.out)["tokens"]
+    assert len(json.loads(spec.out)["stats"]["accepted_drafts_hist"]) == 32  # 0..31 accepted drafts
+    sampled = cli(*args, "--draft", draft, "--temperature", "0.8", "--seed", "1")
+    assert sampled.code == 0, sampled.err

@@ -38,7 +38,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                         help="Print the version and exit.")):
-    """Local LLM inference with speculative decoding (DFlash, EAGLE-3).
+    """Local LLM inference with speculative decoding (DFlash, DFlash 2, EAGLE-3, MTP).
 
     Exit codes: 0 success, 1 error, 2 usage error (bad flag or value), 130 interrupted (Ctrl-C)."""
 

@@ -61,6 +61,9 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
     guard = RepetitionGuard(o.repeat_guard)
     try:
         decoder = make_decoder(bundle, o.draft, o.draft_len)
+        forced = tuning.KNOBS.force_tau
+        if forced is not None and not hasattr(decoder, "proposer"):
+            raise DflashError("DFLASH_FORCE_TAU forces a drafter's acceptance: it needs a drafter (not --draft none)")
         check_draft_len(decoder, o.draft_len)
         # A little room past max_tokens so the last speculative steps keep their full block (--context: no more).
         max_len = min(context, len(ids) + o.max_tokens + 32) if o.context is None else context
@@ -68,10 +71,10 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
         clock.mark("weights")
         capture_graphs(session, decoder, params)
         clock.mark("graphs")
-        if tuning.KNOBS.force_tau is not None and hasattr(decoder, "proposer"):
+        if forced is not None:  # a benchmark's: the drafts are the target's greedy text (bench/forced.py)
             from ..bench.forced import forced_generate
 
-            decoder = forced_generate(session, decoder, ids, o.max_tokens, tuning.KNOBS.force_tau)
+            decoder = forced_generate(session, decoder, ids, o.max_tokens, forced)
             clock.mark("forced_pre_run")
         req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
         on_step = tee(guard.on_step, _tracer(trace))
@@ -92,6 +95,8 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
     captures, capture_s = session.prepared
     stats.update(graph_captures_at_load=captures, graph_capture_at_load_s=round(capture_s, 3),
                  startup_s=clock.stages(result.first_token_unix_s))
+    if forced is not None:
+        stats.update(forced_tau=forced)  # not a drafter's acceptance: the greedy text forced into its drafts
     if o.json:
         visible = [t for t in result.tokens if t not in set(tok.stop_ids)]
         print(json.dumps({

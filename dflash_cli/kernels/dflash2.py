@@ -25,7 +25,7 @@ import triton.language as tl
 from .pdl import launch_options, start as pdl_start
 
 CONV_CHANNELS = 128  # channels per program of the convolution (Qwen3-4B's drafter: 20 programs)
-MAX_ROWS = 32  # block rows one convolution program holds
+CONV_MAX_ROWS = 32  # block rows one convolution program holds
 TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny: race's floor on the noise
 
 
@@ -65,9 +65,9 @@ def _dynamic_conv_kernel(x_ptr, d_ptr, b_ptr, r_ptr, out_ptr, T, H, stride_x, st
 
 
 def conv_fits(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, residual=None) -> bool:
-    """Whether `dynamic_conv` takes these: one dtype, unit-stride channels, at most MAX_ROWS rows."""
+    """Whether `dynamic_conv` takes these: one dtype, unit-stride channels, at most CONV_MAX_ROWS rows."""
     rows, taps, groups = delta.shape
-    return (x.dim() == 2 and x.shape[0] == rows <= MAX_ROWS and x.shape[1] % groups == 0 and x.stride(1) == 1
+    return (x.dim() == 2 and x.shape[0] == rows <= CONV_MAX_ROWS and x.shape[1] % groups == 0 and x.stride(1) == 1
             and delta.stride(2) == 1 and base.is_contiguous() and base.shape == (taps, x.shape[1])
             and x.dtype == delta.dtype == base.dtype
             and (residual is None or (residual.shape == x.shape and residual.stride(1) == 1

@@ -17,6 +17,10 @@ import functools
 import torch
 
 from . import ops
+
+# The most rows of one step's forward (decode, verify, draft block; longer spans are prefills): the graphs' row keys,
+# a drafter's q buffer and a recurrent state's kept rows are sized by it (a DFlash-b16 verify: 16).
+MAX_STEP_ROWS = 32
 from .kv_cache import KVCache
 
 

@@ -54,6 +54,8 @@ class Qwen3Config:
         """sliding: the caller reads the sliding-window fields itself (a DFlash drafter's per-layer windows,
         models/dflash.py); otherwise a config with a window is refused."""
         model_type = raw.get("model_type")
+        if model_type is None:
+            raise DflashError(f"{path} has no model_type: not a Hugging Face model config")
         if model_type not in allowed_types:
             raise DflashError(
                 f"unsupported model_type '{model_type}' in {path}: dflash runs {', '.join(allowed_types)}"
@@ -131,6 +133,8 @@ class Qwen35Config(Qwen3Config):
     @classmethod
     def from_dict(cls, raw: dict, path: Path, allowed_types=HYBRID_TARGETS) -> "Qwen35Config":
         model_type = raw.get("model_type")
+        if model_type is None:
+            raise DflashError(f"{path} has no model_type: not a Hugging Face model config")
         if model_type not in allowed_types:
             raise DflashError(f"unsupported model_type '{model_type}' in {path}: expected {', '.join(allowed_types)}")
         text = raw.get("text_config") if model_type == "qwen3_5" else raw

@@ -39,9 +39,9 @@ from ..layers import ops
 from ..loading.config import read_json
 from ..loading.weights import load_tensors
 from .decoder import self_attention
-from .dflash import DFlashConfig, DFlashDrafter, checkpoint_shapes as dflash_shapes
+from .dflash import DFLASH2_MARKERS, DFlashConfig, DFlashDrafter, checkpoint_shapes as dflash_shapes
 
-SIZES = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+SIZES = DFLASH2_MARKERS  # conv_kernel_size, conv_group_size, selector_rank, selector_top_k
 # dflash_config fields a speculators config holds at its top level
 BLOCK_FIELDS = SIZES + ("block_size", "mask_token_id", "input_embedding_scale", "output_multiplier",
                         "final_logit_softcapping")
@@ -93,10 +93,10 @@ def zlab_form(raw: dict, path: Path) -> dict:
 class DFlash2Config(DFlashConfig):
     dflash2 = True
 
-    def __init__(self, raw: dict, path: Path):
+    def __init__(self, raw: dict, path: Path, window: int | None = None):
         if is_speculators(raw):
             raw = zlab_form(raw, path)
-        super().__init__(raw, path)
+        super().__init__(raw, path, window)
         block = raw.get("dflash_config") or {}
         missing = [k for k in SIZES if block.get(k, raw.get(k)) is None]
         if missing:
@@ -247,9 +247,11 @@ class DFlash2Drafter(DFlashDrafter):
         super().__init__(c, tensors, target, source, fold=False)
 
     @classmethod
-    def load(cls, path: Path, target, selector: bool | None = None) -> "DFlash2Drafter":
+    def load(cls, path: Path, target, selector: bool | None = None, window: int | None = None) -> "DFlash2Drafter":
+        """window: as DFlashDrafter.load's (None: tuning's DFLASH_DRAFT_WINDOW)."""
         path = Path(path)
-        c = DFlash2Config(read_json(path / "config.json", "drafter config"), path / "config.json")
+        window = tuning.KNOBS.draft_window if window is None else window
+        c = DFlash2Config(read_json(path / "config.json", "drafter config"), path / "config.json", window)
         tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device, ignore_prefixes=IGNORED,
                                rename=rename)
         return cls(c, tensors, target, source=str(path), selector=selector)

@@ -25,14 +25,13 @@ import torch
 from ..layers import delta_rule, ops
 from ..layers.kv_cache import KVCache
 from ..layers.recurrent_state import HybridCache, RecurrentState
-from ..layers.spans import Span, StaticSpan
+from ..layers.spans import MAX_STEP_ROWS, Span, StaticSpan
 from ..loading.config import Qwen35Config
 from ..loading.weights import load_tensors
 from .qwen3 import ForwardOut
 
 TEXT = "model.language_model."  # the published multimodal checkpoints' text tower
 SKIPPED = ("model.visual.", "mtp.", "model.mtp.")  # vision tower and the multi-token-prediction head: not the target
-MAX_KEPT_ROWS = 32  # forwards of up to this many rows keep their rows for a rewind (runtime/graphs.MAX_ROWS)
 
 
 def checkpoint_shapes(cfg: Qwen35Config) -> dict[str, tuple[int, ...]]:
@@ -164,7 +163,7 @@ class Qwen35Model:
         conv_dim = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
         state = RecurrentState(len(c.linear_layers), conv_dim, c.linear_conv_kernel_dim, c.linear_num_key_heads,
                                c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
-                               MAX_KEPT_ROWS, self.dtype, self.device)
+                               MAX_STEP_ROWS, self.dtype, self.device)  # a step's forward keeps its rows
         return HybridCache(kv, state)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

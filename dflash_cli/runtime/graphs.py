@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import torch
 
 from ..layers import ops
+from ..layers.spans import MAX_STEP_ROWS
 from . import sampling
 from ..kernels import carveout
 
-MAX_ROWS = 32  # the most rows of a step (decode, verify, draft); longer spans are prefills
+MAX_ROWS = MAX_STEP_ROWS  # the most rows of a step (decode, verify, draft); longer spans are prefills
 # Prompts of up to this many rows are prefilled from graphs too, padded to a size bucket (`prefill_rows`): queueing
 # a 2048-token prompt's eager forward took the host about as long as the device took to run it.
 PREFILL_MAX_ROWS = 4096

@@ -15,11 +15,12 @@ import torch
 
 from ..errors import DflashError
 from ..layers import ops
+from ..layers.spans import MAX_STEP_ROWS
 
 # Candidates per row where top-k is set: torch.topk to this many, then temperature / top-k / top-p on them (a
 # full-vocabulary sort per row costs a decode step more than the 5% it may). Covers the usual top-k (Qwen3's 20).
 K_MAX = 64
-MAX_ROWS = 32  # rows of a drafter's q buffer (graphs.MAX_ROWS: the most rows of any step)
+MAX_ROWS = MAX_STEP_ROWS  # rows of a drafter's q buffer: the most rows of any step
 NO_LIMIT = 1 << 40  # top_k = 0 on the device
 
 

@@ -1,5 +1,5 @@
 """Every drafter kind: how to tell it from a checkpoint's config.json and how to load it (its network from models/,
-its runtime from this folder). A new kind adds its two files and one line to KINDS."""
+its runtime from this folder). A new kind adds its two files, its line in KINDS and how detect_kind tells it."""
 
 from __future__ import annotations
 

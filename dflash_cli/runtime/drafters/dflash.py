@@ -7,7 +7,7 @@ import torch
 
 from ...layers import ops
 from ...layers.kv_cache import KVCache
-from ...layers.spans import Span, StaticSpan
+from ...layers.spans import MAX_STEP_ROWS, Span, StaticSpan
 from ...models.dflash import DFlashDrafter
 from ..graphs import Graphs, stage_step, upload
 from .. import sampling
@@ -21,7 +21,9 @@ class DFlashProposer(Drafter):
     def __init__(self, model: DFlashDrafter):
         self.model = model
         self.capture = model.capture
-        self.max_draft = model.block_size - 1
+        # A block past a step's rows (MAX_STEP_ROWS, with the anchor) drafts as many as fit: its q rows, the verify
+        # graphs and a hybrid's kept rows end there.
+        self.max_draft = min(model.block_size, MAX_STEP_ROWS) - 1
         self.cache: KVCache | None = None
         self.graphs = self.fast = self.fast_absorb = None
         self.ctx_len = 0  # target positions whose context rows the cache holds

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from ...errors import DflashError
-from ...layers.spans import Span
 from ...models.dflash2 import DFlash2Drafter
 from ..graphs import upload
 from .. import sampling
@@ -30,15 +29,13 @@ class DFlash2Proposer(DFlashProposer):
         if self.fast is not None:
             out = self.fast(block, self.ctx_len, *(() if mode is None else (mode,)))
         else:
-            span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
-            out = self._block(upload(block, self.model.device), span, mode)
+            out = self._block(upload(block, self.model.device), self._block_span(len(block)), mode)
         return (out, None) if mode is None else self._proposal(out, mode, k)
 
     def draft_logits(self, last: int, n_draft: int) -> torch.Tensor:
         """The block's logits [n_draft, V] after `last` (eager: a measurement, not a step)."""
         block = [last] + [self.model.c.mask_token_id] * n_draft
-        span = Span(self.cache, self.ctx_len, len(block), self.cos, self.sin, causal=False)
-        return self.model.block_logits(upload(block, self.model.device), span)
+        return self.model.block_logits(upload(block, self.model.device), self._block_span(len(block)))
 
     def _block(self, ids: torch.Tensor, span, mode: str | None = None) -> torch.Tensor:
         """The block's drafts [k]: the selector's walk (greedy: argmax; sampled: drawn at the sampler's temperature,
