@@ -13,6 +13,16 @@ torch.set_num_threads(1)
 from tiny import make_qwen3  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Thousands of tiny forwards: one intra-op thread is as fast, and much faster on a busy machine (a CLI test run
+    in-process may have set more)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A random-weight Qwen3 checkpoint in Hub layout (sharded, untied head)."""

@@ -22,12 +22,7 @@ transformers = pytest.importorskip("transformers")
 zlab = pytest.importorskip("dflash.model")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: thousands of tiny forwards
 
 
 @pytest.fixture(scope="module", params=[(4, 2), (8, 3)], ids=["b4-taps2", "b8-taps3"])

@@ -27,8 +27,10 @@ from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.loading.weights import tensor_files
 from test_speculative_lossless import assert_same, check_steps
-from test_speculative_sampling import PROMPT, VOCAB as SMALL_VOCAB, assert_fits, exact_joint, one_thread  # noqa: F401
+from test_speculative_sampling import PROMPT, VOCAB as SMALL_VOCAB, assert_fits, exact_joint
 from tiny import make_predictable_qwen35, make_qwen3, make_qwen35
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: thousands of tiny forwards
 
 GREEDY = SamplingParams()
 MAX_LEN = 160

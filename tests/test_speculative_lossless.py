@@ -61,13 +61,7 @@ DFLASH2_LENS = {"A-b6-k5": [None, 2], "B-b5-spec": [None, 3]}
 EAGLE3_LENS = {"A-v200": [1, 3, 6], "B-v384-hd24": [2, 5, None]}  # None: the proposer's most
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Thousands of tiny forwards: one intra-op thread is as fast, and much faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: thousands of tiny forwards
 
 
 class Zoo:

@@ -46,13 +46,7 @@ from tiny import make_dflash, make_dflash2, make_eagle3, qwen3_config, random_qw
 ALPHA = 0.999
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Thousands of tiny forwards: one intra-op thread is as fast, and much faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: thousands of tiny forwards
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from . import ops
 
-CHUNK = 64
+CHUNK = 64  # rows of a long prefill's chunk: fla's and transformers' chunked form use 64 (their tested size)
 
 
 def short_conv(x: torch.Tensor, conv0: torch.Tensor, weight: torch.Tensor, window: torch.Tensor | None = None,

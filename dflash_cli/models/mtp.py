@@ -41,6 +41,15 @@ def checkpoint_shapes(cfg: Qwen35Config) -> dict[str, tuple[int, ...]]:
             **layer_shapes(cfg, "mtp.layers.0.", "full_attention")}
 
 
+def require_mtp(cfg, path: Path, name: str) -> None:
+    """--draft mtp's checks, before anything loads: a Qwen3.5 config (`cfg`) whose checkpoint (`path`) ships the MTP."""
+    if not isinstance(cfg, Qwen35Config):
+        raise DflashError(f"--draft mtp needs a Qwen3.5 model, whose checkpoint ships a multi-token-prediction layer: "
+                          f"{name} has none (use a drafter of its own, or --draft none)")
+    if not has_mtp(path):
+        raise DflashError(f"{name} ships no multi-token-prediction weights (mtp.*): --draft mtp needs them")
+
+
 def rename(name: str) -> str | None:
     """A checkpoint tensor name -> ours (None: the target's, the vision tower's, derived rotary tables)."""
     if name.endswith("rotary_emb.inv_freq"):
@@ -80,10 +89,7 @@ class MtpDrafter:
         """The MTP of the target checkpoint in `path` (its mtp.* tensors; the target loader skips them)."""
         path = Path(path)
         cfg = target.cfg
-        if not isinstance(cfg, Qwen35Config):
-            raise DflashError(f"--draft mtp needs a Qwen3.5 target: {path} is not one")
-        if not has_mtp(path):
-            raise DflashError(f"{path} ships no multi-token-prediction weights (mtp.*): --draft mtp needs them")
+        require_mtp(cfg, path, str(path))
         raw = read_json(path / "config.json", "model config")
         text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
         layers = int(text.get("mtp_num_hidden_layers", 1))

@@ -42,12 +42,6 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
 
 def check_mtp(bundle) -> None:
     """--draft mtp before the target loads: a Qwen3.5 checkpoint that ships its MTP weights."""
-    from ..loading.config import Qwen35Config
-    from ..models.mtp import has_mtp
+    from ..models.mtp import require_mtp
 
-    name = bundle.entry.name
-    if not isinstance(bundle.cfg, Qwen35Config):
-        raise DflashError(f"--draft mtp needs a Qwen3.5 model, whose checkpoint ships a multi-token-prediction layer: "
-                          f"'{name}' has none (use --draft dflash, eagle3, a drafter folder, or none)")
-    if not has_mtp(bundle.target_dir):
-        raise DflashError(f"'{name}' ships no multi-token-prediction weights (mtp.*): --draft mtp needs them")
+    require_mtp(bundle.cfg, bundle.target_dir, f"'{bundle.entry.name}'")

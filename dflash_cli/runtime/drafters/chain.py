@@ -41,7 +41,7 @@ class ChainProposer(Drafter):
 
     def reset(self, max_len: int, path: str = "eager") -> None:
         m = self.model
-        rows = max_len + 64  # chained rows run past the committed end
+        rows = max_len + MAX_ROWS  # chained rows run past the committed end (a chain of at most a step's rows)
         if self.cache is None or self.cache.max_len < rows:
             self.cache = m.new_cache(rows)
             self.fused = torch.zeros(rows, m.width, dtype=m.dtype, device=m.device)
