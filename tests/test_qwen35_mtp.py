@@ -27,7 +27,7 @@ from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.loading.weights import tensor_files
 from test_speculative_lossless import assert_same, check_steps
-from test_speculative_sampling import PROMPT, VOCAB as SMALL_VOCAB, assert_fits, exact_joint
+from test_speculative_sampling import VOCAB as SMALL_VOCAB, assert_joint_fits, exact_joint, sampled_joint
 from tiny import make_predictable_qwen35, make_qwen3, make_qwen35
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: thousands of tiny forwards
@@ -227,20 +227,9 @@ def test_sampled_mtp_keeps_the_target_distribution(small, path, config):
     target, mtp = small
     params, draft_len, runs = CONFIGS[config]
     decoder = SpeculativeDecoder(MtpProposer(mtp), draft_len)
-    joint = exact_joint(target, params)
-    counts = torch.zeros_like(joint)
-    accepted = drafted = 0
-    for seed in range(runs):
-        p = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
-        res = generate(Session(target, 16, path=path), decoder, Request(PROMPT, p, max_tokens=3))
-        assert len(res.tokens) == 3 and sum(len(s.emitted) for s in res.steps) == 2
-        counts[tuple(res.tokens)] += 1
-        accepted += min(res.steps[0].accepted, 2)
-        drafted += min(len(res.steps[0].draft), 2)
+    counts, accepted, drafted = sampled_joint(target, decoder, params, runs, path)
     assert 0.02 < accepted / drafted < 0.95, accepted / drafted  # both branches of the rejection sampler
-    assert_fits(counts.sum(-1), joint.sum(-1), f"{config}: tokens 1-2")
-    assert_fits(counts, joint, f"{config}: tokens 1-3")
-    assert_fits(counts.sum(0), joint.sum(0), f"{config}: tokens 2-3")
+    assert_joint_fits(counts, exact_joint(target, params), config)
 
 
 # ---------------------------------------------------------------------------------------------

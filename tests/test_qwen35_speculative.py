@@ -219,25 +219,14 @@ def small_hybrid(tmp_path_factory):
 def test_sampled_dflash_on_a_hybrid_keeps_the_target_distribution(small_hybrid, path, config):
     """The joint distribution of the first three tokens (the last two from a speculative step whose verify folds the
     recurrent state at the sampled accepted count) equals the plain sampler's exact one: chi-square."""
-    from test_speculative_sampling import PROMPT, assert_fits, exact_joint
+    from test_speculative_sampling import assert_joint_fits, exact_joint, sampled_joint
 
     target, drafter = small_hybrid
     params, draft_len, runs = SAMPLED[config]
     decoder = SpeculativeDecoder(DFlashProposer(drafter), draft_len)
-    joint = exact_joint(target, params)
-    counts = torch.zeros_like(joint)
-    accepted = drafted = 0
-    for seed in range(runs):
-        p = SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
-        res = generate(Session(target, 16, path=path), decoder, Request(PROMPT, p, max_tokens=3))
-        assert len(res.tokens) == 3 and sum(len(s.emitted) for s in res.steps) == 2
-        counts[tuple(res.tokens)] += 1
-        accepted += min(res.steps[0].accepted, 2)
-        drafted += min(len(res.steps[0].draft), 2)
+    counts, accepted, drafted = sampled_joint(target, decoder, params, runs, path)
     assert 0.02 < accepted / drafted < 0.95, accepted / drafted  # both branches of the rejection sampler
-    assert_fits(counts.sum(-1), joint.sum(-1), f"{config}: tokens 1-2")
-    assert_fits(counts, joint, f"{config}: tokens 1-3")
-    assert_fits(counts.sum(0), joint.sum(0), f"{config}: tokens 2-3")
+    assert_joint_fits(counts, exact_joint(target, params), config)
 
 
 # ---------------------------------------------------------------------------------------------
