@@ -178,7 +178,8 @@ class _Run:
             with self.timed("evaluate", where), cpu_threads(THREADS):
                 cpu_target = _load_target(tdir, CPU)
                 test = prompts.category_prompts(data.held_out, tok, p.eval_prompts, 64, prompts.TEST)
-                drafters = {k: out / k for k in ("dflash", "eagle3") if _done(out / k)}
+                # eagle3-shipped: a drafter kept for comparison (benchmarks/train_demo_gpu.sh puts the shipped one there)
+                drafters = {k: out / k for k in ("dflash", "eagle3", "eagle3-shipped") if _done(out / k)}
                 info["evaluation"] = evaluate(cpu_target, eos, test, p, drafters, note)
             info["evaluation"]["held_out_loss"] = target_stage.held_out_loss(target, held_ids, min(512, p.context))
             note(f"target held-out loss {info['evaluation']['held_out_loss']:.3f} nats/token")

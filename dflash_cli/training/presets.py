@@ -101,7 +101,8 @@ DEMO = Preset(
     # Taps (1, 2, 3, 4, 5): z-lab's build_target_layer_ids(8, 5) (dflash/model.py: 1 .. L-3, evenly spread).
     dflash_layers=5, dflash_target_layers=tuple(default_target_layers(8, 5)),
     # Block 16: z-lab's released b16 drafters and SpecForge's default; 8 is the other candidate (ModelOpt's default).
-    block_size=16, dflash_blocks=32, dflash_batch=64, dflash_steps=6000, block_sizes=(16, 8), block_steps=600,
+    # 5000 steps of 64 rows: 4.9 passes over the rows (SpecForge's recipe: 6 epochs), sized to one 9-minute call.
+    block_size=16, dflash_blocks=32, dflash_batch=64, dflash_steps=5000, block_sizes=(16, 8), block_steps=600,
     draft_vocab=2048, ttt_steps=5, eagle3_steps=1500, draft_len=6, drafter_batch=64, drafter_lr=2e-3,
     eval_prompts=4, eval_tokens=128,
 )
