@@ -25,8 +25,8 @@
 # Every call stops itself (--time-limit, default LIMIT=470 s of training) at a resumable point and packs what it
 # has. A stage cut short resumes on a warm machine (the next call within its 30 s idle window); a cold machine
 # gets only what came back, and a DFlash checkpoint (51 MB with its optimiser) does not fit the 64 MiB a call
-# carries beside the tree, so CALL=2 must finish: CALL=1 prints the measured seconds per DFlash step to check that
-# 5000 steps fit (lower presets.DEMO.dflash_steps before CALL=2 if not).
+# carries beside the tree, so CALL=2 must finish: CALL=1's calibrate.log says how many DFlash steps 25 s gave
+# ("paused at N/5000"); 5000 steps must fit CALL=2's LIMIT (lower presets.DEMO.dflash_steps before CALL=2 if not).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

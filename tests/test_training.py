@@ -240,7 +240,26 @@ def test_reference_implementations_load_the_trained_checkpoints(trained):
     with torch.no_grad():
         ref_logits = ref(ids[None]).logits[0]
     assert rel_err(ours.forward(ids, 0, ours.new_cache(16), all_logits=True).logits, ref_logits) < 1e-4
-    zlab.DFlashDraftModel.from_pretrained(out / "dflash", dtype=torch.float32)
+    # z-lab's reference generates with the trained drafter what we generate, with the same accepted lengths.
+    import time
+
+    from dflash_cli.runtime.generation import Request, generate
+    from dflash_cli.runtime.sampling import SamplingParams
+    from dflash_cli.runtime.session import Session
+    from dflash_cli.runtime.speculative import SpeculativeDecoder
+
+    ref_d = zlab.DFlashDraftModel.from_pretrained(out / "dflash", dtype=torch.float32).eval()
+    prompt = torch.randint(0, 300, (10,), generator=torch.Generator().manual_seed(1))
+    saved, zlab._cuda_time = zlab._cuda_time, time.perf_counter  # the reference times with CUDA syncs
+    try:
+        r = zlab.dflash_generate(ref_d, ref, prompt[None], 24, stop_token_ids=None, return_stats=True)
+    finally:
+        zlab._cuda_time = saved
+    session = Session(ours, max_len=10 + 24 + 1)
+    res = generate(session, SpeculativeDecoder(DFlashProposer(DFlashDrafter.load(out / "dflash", ours))),
+                   Request(prompt.tolist(), SamplingParams(), max_tokens=24))
+    assert res.tokens == r.output_ids[0, 10:].tolist()
+    assert [len(s.emitted) for s in res.steps] == r.acceptance_lengths
 
 
 def test_cli_train_refuses_another_preset_or_seed_in_a_started_folder(cli, tmp_path):

@@ -93,7 +93,7 @@ DEMO = Preset(
     name="demo", max_corpus_bytes=48_000_000, vocab_size=4096,
     hidden=256, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=768, context=1024,
     target_steps=3000, target_batch=24, target_lr=2e-3,
-    # 65,536 continuations (10.7x the 6,144 before), about 11 M target tokens; z-lab regenerate their whole training
+    # 65,536 continuations (10.7x the 6,144 before), about 9 M target tokens; z-lab regenerate their whole training
     # set with the target (SpecForge run_qwen3_8b_dflash_online.sh trains on perfectblend_qwen3-8b_regen).
     distill_sequences=65_536, distill_prompts=(16, 32, 64, 128), distill_continuations=(48, 96, 160, 256),
     distill_batch=2048, sampled_fraction=0.5, sample_temperatures=(0.6, 1.0), synth_fraction=0.25,
