@@ -96,12 +96,15 @@ DEMO = Preset(
     # 65,536 continuations (10.7x the 6,144 before), about 9 M target tokens; z-lab regenerate their whole training
     # set with the target (SpecForge run_qwen3_8b_dflash_online.sh trains on perfectblend_qwen3-8b_regen).
     distill_sequences=65_536, distill_prompts=(16, 32, 64, 128), distill_continuations=(48, 96, 160, 256),
+    # Sampled at 0.6 (the T) and 1.0 (the target's own distribution); not published: z-lab's regen settings
+    # are not in the sources read (docs/demo-training.md).
     distill_batch=2048, sampled_fraction=0.5, sample_temperatures=(0.6, 1.0), synth_fraction=0.25,
     # 5 layers: SpecForge configs/qwen3-8b-dflash.json num_hidden_layers 5 (z-lab's Qwen3-8B-DFlash-b16).
     # Taps (1, 2, 3, 4, 5): z-lab's build_target_layer_ids(8, 5) (dflash/model.py: 1 .. L-3, evenly spread).
     dflash_layers=5, dflash_target_layers=tuple(default_target_layers(8, 5)),
     # Block 16: z-lab's released b16 drafters and SpecForge's default; 8 is the other candidate (ModelOpt's default).
     # 5000 steps of 64 rows: 4.9 passes over the rows (SpecForge's recipe: 6 epochs), sized to one 9-minute call.
+    # 32 anchors a row: SpecForge's --num-anchors 512 per --max-length 3072 (1 in 6 positions) on our ~200-token rows.
     block_size=16, dflash_blocks=32, dflash_batch=64, dflash_steps=5000, block_sizes=(16, 8), block_steps=600,
     draft_vocab=2048, ttt_steps=5, eagle3_steps=1500, draft_len=6, drafter_batch=64, drafter_lr=2e-3,
     eval_prompts=4, eval_tokens=128,
