@@ -152,7 +152,8 @@ class TrainOptions:
     data: Annotated[list[Path], typer.Option("--data", help="Folders of Python source (default: this Python's standard library).")] = dataclasses.field(default_factory=list)
     device: Device = None
     seed: Annotated[int, typer.Option("--seed", help="Random seed for data order and initial weights.")] = 0
-    stages: Annotated[Optional[str], typer.Option("--stages", help="Comma-separated subset of: tokenizer,target,distill,dflash,eagle3,evaluate.")] = None
+    stages: Annotated[Optional[str], typer.Option("--stages", help="Comma-separated subset of: tokenizer,target,distill,dflash,block,eagle3,evaluate.")] = None
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds after which training stops at its next resumable point (rerun to resume).")] = None
 
 
 def _typer_info(annotation) -> bool:

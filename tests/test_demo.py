@@ -26,7 +26,7 @@ def test_demo_is_the_default_entry_and_fits_the_budget():
     reg = Registry.load()
     assert reg.default == "demo"
     size = sum(f.stat().st_size for d in (TARGET, DFLASH, EAGLE3) for f in d.iterdir())
-    assert size <= 25 * 2**20
+    assert size <= 30_000_000  # issue 44's budget for the shipped demo (training/presets.py SHIPPED_LIMIT)
     for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (TARGET / f).is_file()
 

@@ -94,9 +94,13 @@ def small_corpus(tmp: Path) -> Path:
     return root
 
 
-def run_tiny(out: Path, data: Path, report=lambda *a: None):
+FAST = ("tokenizer", "target", "distill", "dflash", "eagle3")  # no timed stages: the block choice and evaluation
+
+
+def run_tiny(out: Path, data: Path, report=lambda *a: None, stages=pipeline.STAGES, time_limit=None):
     preset = presets.TINY
-    return pipeline.train_demo(out, preset, [data], torch.device("cpu"), 0, report, lambda msg: None)
+    return pipeline.train_demo(out, preset, [data], torch.device("cpu"), 0, report, lambda msg: None, stages,
+                               time_limit)
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +121,29 @@ def test_pipeline_writes_published_layouts_that_load(trained):
     target = Qwen3Model.load(out / "target")
     DFlashDrafter.load(out / "dflash", target)
     Eagle3Drafter.load(out / "eagle3", target)
-    modes = info["evaluation"]["modes"]
-    assert modes["dflash"]["lossless"] and modes["eagle3"]["lossless"]
-    assert json.loads((out / "training_info.json").read_text())["data"]["files"] > 10
+    saved = json.loads((out / "training_info.json").read_text())
+    assert saved["data"]["files"] > 10
+    # Every stage says how long it took and where; the evaluation ran on the demo's two CPU threads.
+    assert set(saved["stages"]) == {"data", "target", "distill", "dflash-b4", "dflash-b3", "block", "eagle3", "evaluate"}
+    assert all(s["finished"] and s["seconds"] >= 0 and s["device"] for s in saved["stages"].values())
+    assert saved["stages"]["evaluate"]["device"] == "cpu (2 threads)"
+    # The block size is chosen between the candidates and the chosen drafter ships with it.
+    choice = saved["block_choice"]
+    assert set(choice["candidates"]) == {"4", "3"} and choice["chosen"] in (4, 3)
+    assert json.loads((out / "dflash" / "config.json").read_text())["block_size"] == choice["chosen"]
+    assert (out / "dflash" / "model.safetensors").read_bytes() == \
+        (out / "work" / f"dflash-b{choice['chosen']}" / "model.safetensors").read_bytes()
+    # τ per category, greedy and at T 0.6, for both drafters; greedy speculation equals plain decoding.
+    ev = info["evaluation"]
+    assert set(ev["temperatures"]) == {"T=0.0", "T=0.6"} and ev["threads"] == 2
+    assert set(ev["categories"]) >= {"function body", "class body", "file start"}
+    for t, modes in ev["temperatures"].items():
+        assert set(modes) == {"none", "dflash", "eagle3"}
+        for kind in ("dflash", "eagle3"):
+            assert set(modes[kind]["by_category"]) == set(ev["categories"])
+            assert modes[kind]["mean_accepted"] >= 1
+            if t == "T=0.0":
+                assert modes[kind]["lossless"]
 
 
 def test_pipeline_is_deterministic_and_resumes_exactly(trained):
@@ -133,13 +157,77 @@ def test_pipeline_is_deterministic_and_resumes_exactly(trained):
             raise Stop
 
     with pytest.raises(Stop):
-        run_tiny(tmp / "b", data, report=stop_at_step_4)
+        run_tiny(tmp / "b", data, report=stop_at_step_4, stages=FAST)
     assert not (tmp / "b" / "target" / "model.safetensors").exists()
-    run_tiny(tmp / "b", data)  # resumes the target from its checkpoint, then the other stages
-    for d in ("target", "dflash", "eagle3"):
-        a = (tmp / "a" / d / "model.safetensors").read_bytes()
-        b = (tmp / "b" / d / "model.safetensors").read_bytes()
-        assert a == b, d
+    # Then a zero time limit: every run stops after one step (or one distillation part) of the first unfinished
+    # stage, saved, and the next run resumes there.
+    pauses = []
+    for _ in range(40):
+        info = run_tiny(tmp / "b", data, stages=FAST, time_limit=0)
+        if "paused" not in info:
+            break
+        pauses.append(info["paused"]["stage"])
+    assert "paused" not in info
+    assert {"target", "distill", "dflash-b4", "eagle3"} <= set(pauses)
+    for f in ("target", "work/dflash-b4", "eagle3"):
+        a = (tmp / "a" / f / "model.safetensors").read_bytes()
+        b = (tmp / "b" / f / "model.safetensors").read_bytes()
+        assert a == b, f
+    for part in sorted((tmp / "a" / "work" / "distill").iterdir()):
+        a, b = torch.load(part, weights_only=True), torch.load(tmp / "b" / "work" / "distill" / part.name, weights_only=True)
+        assert torch.equal(a["tokens"], b["tokens"]) and a["first"] == b["first"]
+
+
+def test_distillation_holds_varied_continuations_of_training_and_target_written_prompts(trained):
+    tmp, data, _ = trained
+    p = presets.TINY
+    from dflash_cli.training import corpus, distill
+
+    parts = [torch.load(f, weights_only=True) for f in sorted((tmp / "a" / "work" / "distill").iterdir())]
+    assert sum(len(x["tokens"]) for x in parts) == p.distill_sequences
+    shapes = {tuple(x["tokens"].shape[1:]) + (x["first"],) for x in parts}
+    assert len(shapes) > 1  # varied prompt and continuation lengths
+    temps = torch.cat([x["temperature"] for x in parts])
+    assert (temps == 0).any() and (temps > 0).any()
+    assert set(temps[temps > 0].tolist()) <= set(torch.tensor(p.sample_temperatures).tolist())
+    # Prompts: windows of the training stream, or written by the target from a file start (the separator).
+    stream = torch.load(next((tmp / "a" / "work").glob("tokens-*.pt")), weights_only=True)["train"].long()
+    from tokenizers import Tokenizer
+
+    eos = Tokenizer.from_file(str(tmp / "a" / "target" / "tokenizer.json")).token_to_id(corpus.SEPARATOR)
+    synth = 0
+    for x in parts:
+        windows = stream.unfold(0, x["first"], 1)
+        for row, s in zip(x["tokens"].long(), x["synth"]):
+            prompt = row[: x["first"]]
+            if s:
+                synth += 1
+                assert prompt[0] == eos
+            else:
+                assert (windows == prompt).all(1).any()
+    assert synth > 0
+    # Held-out files (evaluation prompts) are never training files.
+    c = corpus.collect([data], p.max_corpus_bytes)
+    assert not set(c.held_out) & set(c.train)
+
+
+def test_dflash_recipe_is_the_published_one():
+    from dflash_cli.training.distill import Distilled
+
+    demo = presets.DEMO
+    assert demo.dflash_layers == 5 and demo.dflash_target_layers == (1, 2, 3, 4, 5)  # z-lab's spread over 8 layers
+    assert [presets.loss_gamma(b) for b in (16, 8)] == [7.0, 4.0]
+    assert set(demo.block_sizes) == {8, 16}
+    assert sum(demo.shipped_bytes().values()) + 400_000 <= presets.SHIPPED_LIMIT  # with tokenizer and configs
+    assert demo.distill_sequences >= 10 * 6144 and len(set(demo.distill_continuations)) > 1
+    # Distinct anchors whose whole block lies in the target's own tokens.
+    tokens = torch.zeros(3, 40, dtype=torch.long)
+    data = Distilled(tokens, torch.tensor([5, 10, 2]), torch.tensor([30, 40, 9]))
+    at, keep = dflash_stage.anchors(data, 4, 6, torch.Generator().manual_seed(0))
+    for i in range(3):
+        a = at[i][keep[i]]
+        assert len(set(a.tolist())) == len(a) and (a >= data.first[i] - 1).all() and (a <= data.length[i] - 4).all()
+    assert keep[:2].all() and keep[2].sum() == 9 - 4 - (2 - 1) + 1  # row 2 has only 6 valid anchors
 
 
 def test_reference_implementations_load_the_trained_checkpoints(trained):
@@ -152,7 +240,26 @@ def test_reference_implementations_load_the_trained_checkpoints(trained):
     with torch.no_grad():
         ref_logits = ref(ids[None]).logits[0]
     assert rel_err(ours.forward(ids, 0, ours.new_cache(16), all_logits=True).logits, ref_logits) < 1e-4
-    zlab.DFlashDraftModel.from_pretrained(out / "dflash", dtype=torch.float32)
+    # z-lab's reference generates with the trained drafter what we generate, with the same accepted lengths.
+    import time
+
+    from dflash_cli.runtime.generation import Request, generate
+    from dflash_cli.runtime.sampling import SamplingParams
+    from dflash_cli.runtime.session import Session
+    from dflash_cli.runtime.speculative import SpeculativeDecoder
+
+    ref_d = zlab.DFlashDraftModel.from_pretrained(out / "dflash", dtype=torch.float32).eval()
+    prompt = torch.randint(0, 300, (10,), generator=torch.Generator().manual_seed(1))
+    saved, zlab._cuda_time = zlab._cuda_time, time.perf_counter  # the reference times with CUDA syncs
+    try:
+        r = zlab.dflash_generate(ref_d, ref, prompt[None], 24, stop_token_ids=None, return_stats=True)
+    finally:
+        zlab._cuda_time = saved
+    session = Session(ours, max_len=10 + 24 + 1)
+    res = generate(session, SpeculativeDecoder(DFlashProposer(DFlashDrafter.load(out / "dflash", ours))),
+                   Request(prompt.tolist(), SamplingParams(), max_tokens=24))
+    assert res.tokens == r.output_ids[0, 10:].tolist()
+    assert [len(s.emitted) for s in res.steps] == r.acceptance_lengths
 
 
 def test_cli_train_refuses_another_preset_or_seed_in_a_started_folder(cli, tmp_path):
@@ -166,3 +273,5 @@ def test_cli_train_refuses_another_preset_or_seed_in_a_started_folder(cli, tmp_p
         assert res.code == 1 and res.err.count("\n") == 1 and "resume it with the same" in res.err, res.err
     bad = cli("train", out, "--preset", "tiny", "--data", data, "--stages", "tokenizer,bogus")
     assert bad.code == 1 and "unknown stage(s) bogus" in bad.err
+    neg = cli("train", out, "--preset", "tiny", "--data", data, "--time-limit", "-1")
+    assert neg.code == 1 and neg.err.count("\n") == 1 and "--time-limit" in neg.err

@@ -17,6 +17,8 @@ def run_train(o: TrainOptions, console: Console) -> dict:
     from ..training import corpus, pipeline, presets
 
     preset = presets.get(o.preset)
+    if o.time_limit is not None and o.time_limit < 0:
+        raise DflashError(f"--time-limit must be >= 0 seconds (got {o.time_limit})")
     device = pick_device(o.device)
     stages = tuple(s.strip() for s in o.stages.split(",")) if o.stages else pipeline.STAGES
     if o.out.exists() and not o.out.is_dir():
@@ -36,9 +38,17 @@ def run_train(o: TrainOptions, console: Console) -> dict:
             if not console.is_terminal and (step * 10 // total != (step - 1) * 10 // total or step == total):
                 progress.console.print(f"{stage} {step}/{total} {shown} ({time.perf_counter() - t0:.0f} s)")  # a log file gets a readout too
 
-        info = pipeline.train_demo(o.out, preset, roots, device, o.seed, report, progress.console.print, stages)
+        info = pipeline.train_demo(o.out, preset, roots, device, o.seed, report, progress.console.print, stages,
+                                   o.time_limit)
     made = [str(o.out / d) for d in ("target", "dflash", "eagle3") if (o.out / d / "model.safetensors").is_file()]
     console.print(f"trained: {', '.join(made) or 'nothing yet (only the tokenizer)'}")
+    if info.get("stages"):
+        console.print("stages: " + ", ".join(f"{k} {v['seconds']:.0f} s on {v['device']}"
+                                             + ("" if v.get("finished", True) else " (unfinished)")
+                                             for k, v in info["stages"].items()))
+    if info.get("paused"):
+        pz = info["paused"]
+        console.print(f"paused: {pz['stage']} at {pz['done']}/{pz['total']} (--time-limit); rerun to resume")
     if (o.out / "dflash" / "model.safetensors").is_file():
         console.print(f"try: dflash generate --model {o.out}/target --draft {o.out}/dflash --prompt \"def fibonacci(n):\"")
     return info

@@ -1,6 +1,9 @@
 """Training the DFlash drafter: fill whole blocks of mask tokens in one pass, conditioned on the
-target's hidden states before the block, against the tokens the target produced (DFlash paper:
-many blocks per sequence, random anchors, loss weights decaying along the block)."""
+target's hidden states before the block, against the tokens the target produced. As z-lab's recipe
+(SpecForge specforge/core/dflash.py, OnlineDFlashModel): many blocks per sequence at distinct random
+anchors among the target's own tokens, each block [anchor token, mask, ...] seeing the context strictly
+before its anchor and its own rows, the frozen target embedding and head, and a cross-entropy weighted
+exp(-(k-1)/gamma) at block position k."""
 
 from __future__ import annotations
 
@@ -11,23 +14,31 @@ import torch
 import torch.nn.functional as F
 
 from ..layers import ops
+from ..loading.weights import load_tensors
 from ..models.dflash import DFlashConfig, DFlashDrafter, checkpoint_shapes
 from .params import dflash_tensors, init_tensors, layer_trainable, make_trainable, save
-from .presets import Preset
+from .distill import Distilled
+from .presets import Preset, loss_gamma
 from .spans import CausalBatch, DFlashBlocks
 from .target import config as target_config
 
 
-def config(p: Preset, eos_id: int, mask_id: int) -> dict:
+def config(p: Preset, eos_id: int, mask_id: int, block: int | None = None) -> dict:
     """z-lab's layout: the target's Qwen3 config with the drafter's depth and a dflash_config block."""
     return dict(target_config(p, eos_id), architectures=["DFlashDraftModel"], num_hidden_layers=p.dflash_layers,
-                num_target_layers=p.layers, block_size=p.block_size,
+                num_target_layers=p.layers, block_size=block or p.block_size,
                 dflash_config={"mask_token_id": mask_id, "target_layer_ids": list(p.dflash_target_layers)})
 
 
-def build(p: Preset, target, eos_id: int, mask_id: int, seed: int) -> tuple[DFlashDrafter, list]:
-    c = DFlashConfig(config(p, eos_id, mask_id), Path("config.json"))
-    tensors = init_tensors(checkpoint_shapes(c), torch.Generator().manual_seed(seed), p.dflash_layers)
+def build(p: Preset, target, eos_id: int, mask_id: int, seed: int, block: int | None = None,
+          start: Path | None = None) -> tuple[DFlashDrafter, list]:
+    """A trainable drafter of block size `block` (the preset's by default): fresh, or from the drafter in `start`
+    (its weights do not depend on the block size)."""
+    c = DFlashConfig(config(p, eos_id, mask_id, block), Path("config.json"))
+    if start is None:
+        tensors = init_tensors(checkpoint_shapes(c), torch.Generator().manual_seed(seed), p.dflash_layers)
+    else:
+        tensors = load_tensors(start, checkpoint_shapes(c), torch.float32, "cpu")
     drafter = DFlashDrafter(c, {k: v.to(target.device) for k, v in tensors.items()}, target, fold=False)
     params = make_trainable(drafter, ["fc", "hidden_norm", "norm"])
     for layer in drafter.layers:
@@ -53,22 +64,37 @@ def block_logits(drafter: DFlashDrafter, seqs: torch.Tensor, anchors: torch.Tens
     return drafter.head_logits(h.reshape(-1, h.shape[-1])).reshape(b, anchors.shape[1], size - 1, -1)
 
 
-def loss(drafter: DFlashDrafter, seqs: torch.Tensor, first: int, blocks: int, gen: torch.Generator):
-    """seqs [b, L] (target continuations from position `first`); returns (loss, metrics)."""
+def anchors(data: Distilled, size: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """n distinct random anchors per row among the positions whose whole block lies in the target's own tokens
+    (anchor from the prompt's last token to length - size), sorted; keep [b, n] is false where a row has fewer
+    than n such positions (SpecForge's _sample_anchor_positions: a random order of the valid positions)."""
+    b, width = data.tokens.shape
+    pos = torch.arange(width)
+    first, length = data.first.cpu()[:, None], data.length.cpu()[:, None]
+    valid = (pos >= first - 1) & (pos <= length - size)
+    order = torch.rand(b, width, generator=gen).masked_fill(~valid, 2.0).argsort(dim=1)[:, :n].sort(dim=1).values
+    keep = valid.gather(1, order)
+    return torch.where(keep, order, first - 1).to(data.tokens.device), keep.to(data.tokens.device)
+
+
+def loss(drafter: DFlashDrafter, data: Distilled, blocks: int, gen: torch.Generator, gamma: float | None = None):
+    """data: a batch of the target's continuations; returns (loss, metrics)."""
     size = drafter.block_size
-    b, length = seqs.shape
-    # Anchors in the target's own continuation: the labels are tokens the target produced.
-    anchors = torch.randint(first - 1, length - size + 1, (b, blocks), generator=gen).to(seqs.device)
-    logits = block_logits(drafter, seqs, anchors).reshape(-1, drafter.cfg.vocab_size)
-    labels = seqs.gather(1, (anchors[:, :, None] + torch.arange(1, size, device=seqs.device)).reshape(b, -1))
+    gamma = gamma or loss_gamma(size)
+    seqs = data.tokens
+    b = seqs.shape[0]
+    at, keep = anchors(data, size, blocks, gen)
+    logits = block_logits(drafter, seqs, at).reshape(-1, drafter.cfg.vocab_size)
+    labels = seqs.gather(1, (at[:, :, None] + torch.arange(1, size, device=seqs.device)).reshape(b, -1))
     ce = F.cross_entropy(logits, labels.reshape(-1), reduction="none").reshape(b, blocks, size - 1)
-    k = torch.arange(size - 1, device=seqs.device, dtype=torch.float32)
-    w = torch.exp(-k / max(1.0, (size - 1) / 2))  # earlier positions gate everything after them
+    k = torch.arange(1, size, device=seqs.device, dtype=torch.float32)
+    w = torch.exp(-(k - 1) / gamma) * keep[:, :, None]  # SpecForge specforge/core/dflash.py: exp(-(k-1)/gamma)
     hit = (logits.argmax(-1) == labels.reshape(-1)).reshape(b, blocks, size - 1).float()
-    return (ce * w).sum() / (w.sum() * b * blocks), {"acc1": hit[..., 0].mean()}
+    first_hit = (hit[..., 0] * keep).sum() / keep.sum().clamp_min(1)
+    return (ce * w).sum() / w.sum().clamp_min(1e-6), {"acc1": first_hit}
 
 
 def export(drafter: DFlashDrafter, p: Preset, eos_id: int, mask_id: int, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config(p, eos_id, mask_id), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config(p, eos_id, mask_id, drafter.block_size), indent=2) + "\n")
     save(dflash_tensors(drafter), out / "model.safetensors", torch.bfloat16)

@@ -70,10 +70,11 @@ def step_logits(drafter: Eagle3Drafter, seqs: torch.Tensor, steps: int):
         state = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1).reshape(b * t, -1)
 
 
-def loss(drafter: Eagle3Drafter, seqs: torch.Tensor, first: int, steps: int, to_draft: torch.Tensor):
-    """Weighted cross-entropy of every step against the target's tokens (in draft ids)."""
+def loss(drafter: Eagle3Drafter, seqs: torch.Tensor, produced: torch.Tensor, steps: int, to_draft: torch.Tensor):
+    """Weighted cross-entropy of every step against the target's tokens (in draft ids); produced [b, L]: the
+    positions the target wrote (prompts and padding are no labels)."""
     labels = to_draft[seqs[:, 2:]]  # [b, L-2]; -100 where the token is outside the draft vocabulary
-    labels[:, : max(0, first - 2)] = -100  # prompt rows: real code, not the target's own output
+    labels[~produced[:, 2:]] = -100
     total, weights, metrics = 0.0, 0.0, {}
     for j, logits in enumerate(step_logits(drafter, seqs, steps)):
         lab = labels.clone()

@@ -2,7 +2,8 @@
 CUDA, gradient clipping, and a checkpoint every few hundred steps that a rerun resumes from.
 
 Batches are drawn from a generator seeded by (seed, stage, step), so a resumed run sees the same
-batches as an uninterrupted one."""
+batches as an uninterrupted one. `stop()` true after a step (a time limit) saves a checkpoint there and
+raises Paused: the next run resumes at that step."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ from typing import Callable
 import torch
 
 Report = Callable[[str, int, int, dict], None]  # stage, step, total steps, metrics
+
+
+class Paused(Exception):
+    """A stage stopped at its time limit with its progress saved; rerunning resumes it."""
+
+    def __init__(self, stage: str, done: int, total: int):
+        super().__init__(f"{stage} paused at {done}/{total}")
+        self.stage, self.done, self.total = stage, done, total
 
 
 def batch_generator(seed: int, stage: str, step: int) -> torch.Generator:
@@ -37,7 +46,7 @@ def lr_at(step: int, steps: int, peak: float) -> float:
 
 def optimise(stage: str, params: list[torch.nn.Parameter], loss_fn: Callable[[torch.Generator], tuple],
              steps: int, lr: float, work: Path, seed: int, device: torch.device, report: Report,
-             save_every: int = 250) -> None:
+             save_every: int = 250, stop: Callable[[], bool] | None = None) -> None:
     """loss_fn(generator) -> (loss tensor, {metric: tensor}); runs steps [resume point, steps)."""
     decay = [p for p in params if p.dim() >= 2]
     plain = [p for p in params if p.dim() < 2]
@@ -66,7 +75,10 @@ def optimise(stage: str, params: list[torch.nn.Parameter], loss_fn: Callable[[to
         done = step + 1
         if done % log_every == 0 or done == steps or done == start + 1:
             report(stage, done, steps, {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}})
-        if done % save_every == 0 or done == steps:
+        halt = done < steps and stop is not None and stop()
+        if done % save_every == 0 or done == steps or halt:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"step": done, "params": [p.detach() for p in params], "opt": opt.state_dict()}, tmp)
             os.replace(tmp, ckpt)
+        if halt:
+            raise Paused(stage, done, steps)

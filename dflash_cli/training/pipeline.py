@@ -1,138 +1,267 @@
-"""`dflash train demo`: tokenizer -> target -> distillation data -> DFlash -> EAGLE-3 -> evaluation.
+"""`dflash train demo`: tokenizer -> target -> distillation data -> DFlash -> block size -> EAGLE-3 -> evaluation.
 
 Every stage leaves its result in the output folder and is skipped when that result exists; a stage
-cut short resumes from its last checkpoint under `work/`. The three model folders are in the
-published layouts and load with `--model DIR/target --draft DIR/dflash` (or DIR/eagle3)."""
+cut short (an error, Ctrl-C, or `time_limit` reached) resumes from its last checkpoint under `work/`.
+The three model folders are in the published layouts and load with `--model DIR/target --draft
+DIR/dflash` (or DIR/eagle3). training_info.json records, per stage, the seconds it took (summed over
+the runs that worked on it) and where it ran."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ..layers import ops
 from ..errors import DflashError
-from . import bpe, corpus, distill, presets
+from ..layers import ops
+from . import bpe, corpus, distill, presets, prompts
 from . import dflash as dflash_stage
 from . import eagle3 as eagle3_stage
 from . import target as target_stage
-from .evaluate import device_name, evaluate
-from .loop import Report, autocast, batch_generator, optimise
+from .evaluate import THREADS, cpu_threads, device_name, evaluate
+from .loop import Paused, Report, autocast, optimise
 from .params import target_tensors
 
-STAGES = ("tokenizer", "target", "distill", "dflash", "eagle3", "evaluate")
+STAGES = ("tokenizer", "target", "distill", "dflash", "block", "eagle3", "evaluate")
 Note = Callable[[str], None]
+CPU = torch.device("cpu")
 
 
 def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: torch.device, seed: int,
-               report: Report, note: Note, stages=STAGES) -> dict:
+               report: Report, note: Note, stages=STAGES, time_limit: float | None = None) -> dict:
+    """time_limit: seconds after which the run stops at the next checkpoint it can resume from (info["paused"])."""
     out = Path(out)
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise DflashError(f"unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)})")
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    run = _Run(out, work, preset, roots, device, seed, report, note, stages,
+               (lambda: time.monotonic() > deadline) if deadline is not None else None)
     with ops.reference_only():  # the fused Triton kernels have no backward
-        return _train(out, work, preset, roots, device, seed, report, note, stages)
+        try:
+            return run.train()
+        except Paused as e:
+            run.info["paused"] = {"stage": e.stage, "done": e.done, "total": e.total}
+            run.write_info()
+            note(f"time limit: {e.stage} paused at {e.done}/{e.total} with its progress saved; "
+                 f"run the same command again to resume")
+            return run.info
 
 
-def _train(out: Path, work: Path, preset: presets.Preset, roots, device, seed: int, report: Report, note: Note,
-           stages) -> dict:
-    torch.manual_seed(seed)
-    info = _read_info(out)
-    earlier = (info.get("preset", {}).get("name"), info.get("seed"))
-    if earlier[0] is not None and earlier != (preset.name, seed):
-        raise DflashError(f"{out} holds a run with preset {earlier[0]} and seed {earlier[1]}: resume it with the same "
-                          f"--preset and --seed, or train into a new folder")
-    info.update({"preset": preset.summary(), "seed": seed})
-    _write_info(out, info)  # now, so that a cut-short run is resumed only with its own settings
-    tdir, ddir, edir = out / "target", out / "dflash", out / "eagle3"
+class _Run:
+    def __init__(self, out, work, p, roots, device, seed, report, note, stages, stop):
+        self.out, self.work, self.p, self.roots, self.device, self.seed = out, work, p, roots, device, seed
+        self.report, self.note, self.stages, self.stop = report, note, stages, stop
+        self.info = _read_info(out)
 
-    t0 = time.perf_counter()
-    data = corpus.collect(roots, preset.max_corpus_bytes)
-    info["data"] = {"roots": [str(r) for r in roots], "files": data.files, "bytes": data.bytes,
-                    "held_out_files": len(data.held_out), "digest": data.digest}
-    if not (tdir / "tokenizer.json").is_file():
-        if "tokenizer" not in stages:
-            raise DflashError(f"{tdir} has no tokenizer: run the tokenizer stage first")
-        note(f"tokenizer: byte-level BPE, {preset.vocab_size} tokens, from {data.files} files ({data.bytes / 1e6:.1f} MB)")
-        bpe.train(data.train, preset.vocab_size, tdir)
-    from tokenizers import Tokenizer
+    def write_info(self) -> None:
+        (self.out / "training_info.json").write_text(json.dumps(self.info, indent=2) + "\n")
 
-    tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
-    eos, mask = tok.token_to_id(corpus.SEPARATOR), tok.token_to_id(bpe.MASK)
-    train_ids, held_ids = _tokens(work, tok, data)
-    info["data"].update(train_tokens=int(train_ids.numel()), held_out_tokens=int(held_ids.numel()))
-    note(f"data: {train_ids.numel():,} training tokens, {held_ids.numel():,} held out "
-         f"({time.perf_counter() - t0:.0f} s)")
+    @contextmanager
+    def timed(self, stage: str, where: str):
+        """Adds the stage's seconds (also when it is cut short) and where it ran to info["stages"]."""
+        t0 = time.perf_counter()
+        done = False
+        try:
+            yield
+            done = True
+        finally:
+            took = time.perf_counter() - t0
+            s = self.info.setdefault("stages", {}).setdefault(stage, {"seconds": 0.0})
+            s["seconds"] = round(s["seconds"] + took, 1)
+            s["device"] = where
+            s["finished"] = done
+            self.write_info()
+        self.note(f"{stage}: {took:.0f} s on {where} (this run; {s['seconds']:.0f} s in all)")
 
-    if not (tdir / "model.safetensors").is_file() and "target" in stages:
-        model, params = target_stage.build(preset, eos, seed, device)
-        n = sum(p.numel() for p in params)
-        note(f"target: Qwen3, {n / 1e6:.2f} M parameters, {preset.target_steps} steps of "
-             f"{preset.target_batch}x{preset.context} tokens")
-        stream = train_ids.to(device)
-        optimise("target", params, lambda g: (target_stage.loss(
-            model, target_stage.windows(stream, preset.target_batch, preset.context + 1, g)), {}),
-            preset.target_steps, preset.target_lr, work, seed, device, report, preset.save_every)
-        target_stage.export(model, preset, eos, tdir)
-        del model, params
-    if not set(stages) - {"tokenizer", "target"} and not (tdir / "model.safetensors").is_file():
-        return info  # nothing after the stages asked for needs the target
-    target = _load_target(tdir, device)
-    info["target_parameters"] = sum(t.numel() for t in target_tensors(target).values())
+    def train(self) -> dict:
+        p, out, work, device, seed, note, stages = (self.p, self.out, self.work, self.device, self.seed, self.note,
+                                                    self.stages)
+        torch.manual_seed(seed)
+        info = self.info
+        self.info.pop("paused", None)
+        earlier = (info.get("preset", {}).get("name"), info.get("seed"))
+        if earlier[0] is not None and earlier != (p.name, seed):
+            raise DflashError(f"{out} holds a run with preset {earlier[0]} and seed {earlier[1]}: resume it with the "
+                              f"same --preset and --seed, or train into a new folder")
+        info.update({"preset": p.summary(), "seed": seed})
+        info["versions"] = {"torch": torch.__version__, "device": device_name(device)}
+        self.write_info()  # now, so that a cut-short run is resumed only with its own settings
+        tdir, ddir, edir = out / "target", out / "dflash", out / "eagle3"
+        here = device_name(device)
 
-    seqs_path = work / "distill.pt"
-    if not seqs_path.is_file() and any(s in stages for s in ("distill", "dflash", "eagle3")):
-        note(f"distill: {preset.distill_sequences} prompts of {preset.distill_prompt} tokens continued by the "
-             f"target to {preset.distill_length}")
-        seqs = _distill(target, train_ids, preset, seed, device)
-        torch.save(seqs.to(torch.int16 if preset.vocab_size <= 32767 else torch.int32), seqs_path)
-    seqs = torch.load(seqs_path, weights_only=True).long() if seqs_path.is_file() else None
+        with self.timed("data", "cpu"):
+            data = corpus.collect(self.roots, p.max_corpus_bytes)
+            info["data"] = {"roots": [str(r) for r in self.roots], "files": data.files, "bytes": data.bytes,
+                            "held_out_files": len(data.held_out), "digest": data.digest}
+            if not (tdir / "tokenizer.json").is_file():
+                if "tokenizer" not in stages:
+                    raise DflashError(f"{tdir} has no tokenizer: run the tokenizer stage first")
+                note(f"tokenizer: byte-level BPE, {p.vocab_size} tokens, from {data.files} files "
+                     f"({data.bytes / 1e6:.1f} MB)")
+                bpe.train(data.train, p.vocab_size, tdir)
+            from tokenizers import Tokenizer
 
-    if not (ddir / "model.safetensors").is_file() and "dflash" in stages:
-        drafter, params = dflash_stage.build(preset, target, eos, mask, seed + 1)
-        note(f"dflash: {len(drafter.layers)} layers, block {preset.block_size}, "
-             f"{sum(p.numel() for p in params) / 1e6:.2f} M parameters, {preset.dflash_steps} steps")
-        data_dev = seqs.to(device)
-        optimise("dflash", params, lambda g: dflash_stage.loss(
-            drafter, _rows(data_dev, preset.drafter_batch, g), preset.distill_prompt, preset.dflash_blocks, g),
-            preset.dflash_steps, preset.drafter_lr, work, seed, device, report, preset.save_every)
-        dflash_stage.export(drafter, preset, eos, mask, ddir)
-        del drafter, params
-    if not (edir / "model.safetensors").is_file() and "eagle3" in stages:
-        ids, t2d = eagle3_stage.draft_vocab(seqs, preset.draft_vocab, preset.vocab_size)
-        drafter, params = eagle3_stage.build(preset, target, ids, seed + 2)
-        to_draft = torch.full((preset.vocab_size,), -100, dtype=torch.long)
-        to_draft[ids] = torch.arange(len(ids))
-        coverage = float(t2d[seqs[:, preset.distill_prompt:]].float().mean())
-        note(f"eagle3: draft vocabulary {preset.draft_vocab} ({coverage:.1%} of the target's tokens), "
-             f"training-time test over {preset.ttt_steps} steps, {preset.eagle3_steps} steps")
-        data_dev, to_draft = seqs.to(device), to_draft.to(device)
-        optimise("eagle3", params, lambda g: eagle3_stage.loss(
-            drafter, _rows(data_dev, preset.drafter_batch, g), preset.distill_prompt, preset.ttt_steps, to_draft),
-            preset.eagle3_steps, preset.drafter_lr, work, seed, device, report, preset.save_every)
-        eagle3_stage.export(drafter, preset, t2d, edir)
-        del drafter, params
+            tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
+            eos, mask = tok.token_to_id(corpus.SEPARATOR), tok.token_to_id(bpe.MASK)
+            train_ids, held_ids = _tokens(work, tok, data)
+            info["data"].update(train_tokens=int(train_ids.numel()), held_out_tokens=int(held_ids.numel()))
+        note(f"data: {train_ids.numel():,} training tokens, {held_ids.numel():,} held out")
 
-    if "evaluate" in stages:
-        info["evaluation"] = evaluate(out, target, eos, held_ids, preset, note)
-        info["evaluation"]["held_out_loss"] = target_stage.held_out_loss(target, held_ids, min(512, preset.context))
-        note(f"target held-out loss {info['evaluation']['held_out_loss']:.3f} nats/token")
-    info["versions"] = {"torch": torch.__version__, "device": device_name(device)}
-    _write_info(out, info)
-    return info
+        if not (tdir / "model.safetensors").is_file() and "target" in stages:
+            with self.timed("target", here):
+                model, params = target_stage.build(p, eos, seed, device)
+                n = sum(q.numel() for q in params)
+                note(f"target: Qwen3, {n / 1e6:.2f} M parameters, {p.target_steps} steps of "
+                     f"{p.target_batch}x{p.context} tokens")
+                stream = train_ids.to(device)
+                self.optimise("target", params, lambda g: (target_stage.loss(
+                    model, target_stage.windows(stream, p.target_batch, p.context + 1, g)), {}),
+                    p.target_steps, p.target_lr)
+                target_stage.export(model, p, eos, tdir)
+                del model, params
+        if not set(stages) - {"tokenizer", "target"} and not (tdir / "model.safetensors").is_file():
+            return info  # nothing after the stages asked for needs the target
+        target = _load_target(tdir, device)
+        info["target_parameters"] = sum(t.numel() for t in target_tensors(target).values())
+
+        first = work / f"dflash-b{p.block_size}"
+        needs_data = ("distill" in stages or ("dflash" in stages and not _done(first))
+                      or ("block" in stages and not _done(ddir)) or ("eagle3" in stages and not _done(edir)))
+        parts = work / "distill"
+        if needs_data and not (parts / distill.part_name(distill.parts(p) - 1)).is_file():
+            with self.timed("distill", here):
+                self.distill(target, train_ids, parts, eos)
+        data_ready = (parts / distill.part_name(distill.parts(p) - 1)).is_file()
+        seqs = distill.load(parts, p, eos).to(device) if data_ready and needs_data else None
+        if seqs is not None:
+            info["distill"] = {"sequences": int(seqs.tokens.shape[0]),
+                               "target_tokens": int(seqs.produced().sum()), "width": int(seqs.tokens.shape[1])}
+
+        if not _done(first) and "dflash" in stages:
+            with self.timed(f"dflash-b{p.block_size}", here):
+                self.train_dflash(target, seqs, eos, mask, p.block_size, p.dflash_steps, first, None)
+        if not _done(ddir) and "block" in stages:
+            if not _done(first):
+                raise DflashError(f"{first} has no trained drafter: run the dflash stage first")
+            self.choose_block(target, seqs, eos, mask, tok, data, first, ddir, here)
+
+        if not _done(edir) and "eagle3" in stages:
+            with self.timed("eagle3", here):
+                produced = seqs.produced()
+                ids, t2d = eagle3_stage.draft_vocab(seqs.tokens[produced].cpu(), p.draft_vocab, p.vocab_size)
+                drafter, params = eagle3_stage.build(p, target, ids, seed + 2)
+                to_draft = torch.full((p.vocab_size,), -100, dtype=torch.long)
+                to_draft[ids] = torch.arange(len(ids))
+                coverage = float(t2d[seqs.tokens[produced].long().cpu()].float().mean())
+                note(f"eagle3: draft vocabulary {p.draft_vocab} ({coverage:.1%} of the target's tokens), "
+                     f"training-time test over {p.ttt_steps} steps, {p.eagle3_steps} steps")
+                to_draft = to_draft.to(device)
+
+                def eagle3_loss(g):
+                    rows = _rows(seqs, p.drafter_batch, g)
+                    return eagle3_stage.loss(drafter, rows.tokens, rows.produced(), p.ttt_steps, to_draft)
+
+                self.optimise("eagle3", params, eagle3_loss, p.eagle3_steps, p.drafter_lr)
+                eagle3_stage.export(drafter, p, t2d, edir)
+                del drafter, params
+
+        if "evaluate" in stages:
+            where = f"cpu ({THREADS} threads)"
+            with self.timed("evaluate", where), cpu_threads(THREADS):
+                cpu_target = _load_target(tdir, CPU)
+                test = prompts.category_prompts(data.held_out, tok, p.eval_prompts, 64, prompts.TEST)
+                # eagle3-shipped: a drafter kept for comparison (benchmarks/train_demo_gpu.sh puts the shipped one there)
+                drafters = {k: out / k for k in ("dflash", "eagle3", "eagle3-shipped") if _done(out / k)}
+                info["evaluation"] = evaluate(cpu_target, eos, test, p, drafters, note)
+            info["evaluation"]["held_out_loss"] = target_stage.held_out_loss(target, held_ids, min(512, p.context))
+            note(f"target held-out loss {info['evaluation']['held_out_loss']:.3f} nats/token")
+        self.write_info()
+        return info
+
+    def optimise(self, stage, params, loss_fn, steps, lr):
+        optimise(stage, params, loss_fn, steps, lr, self.work, self.seed, self.device, self.report,
+                 self.p.save_every, self.stop)
+
+    def distill(self, target, train_ids, parts: Path, eos: int) -> None:
+        p = self.p
+        n = distill.parts(p)
+        parts.mkdir(exist_ok=True)
+        self.note(f"distill: {p.distill_sequences} rows in {n} parts; prompts of {p.distill_prompts} tokens "
+                  f"({p.synth_fraction:.0%} written by the target), continuations of {p.distill_continuations} "
+                  f"({p.sampled_fraction:.0%} sampled at T {p.sample_temperatures}, the rest greedy)")
+        for i in range(n):
+            path = parts / distill.part_name(i)
+            if path.is_file():
+                continue
+            with autocast(self.device):
+                part = distill.make_part(target, train_ids, p, self.seed, i, eos)
+            tmp = path.with_suffix(".tmp")
+            torch.save(part, tmp)
+            tmp.replace(path)
+            self.report("distill", i + 1, n, {"rows": float((i + 1) * p.distill_batch)})
+            if i + 1 < n and self.stop is not None and self.stop():
+                raise Paused("distill", i + 1, n)
+
+    def train_dflash(self, target, seqs, eos, mask, block, steps, folder: Path, start: Path | None) -> None:
+        p = self.p
+        drafter, params = dflash_stage.build(p, target, eos, mask, self.seed + 1, block, start)
+        self.note(f"dflash: {len(drafter.layers)} layers tapping target layers {list(p.dflash_target_layers)}, "
+                  f"block {block} (loss decay gamma {presets.loss_gamma(block)}), "
+                  f"{sum(q.numel() for q in params) / 1e6:.2f} M parameters, {steps} steps of {p.dflash_batch} rows "
+                  f"x {p.dflash_blocks} blocks" + (f", from {start.name}" if start else ""))
+        self.optimise(folder.name, params, lambda g: dflash_stage.loss(
+            drafter, _rows(seqs, p.dflash_batch, g), p.dflash_blocks, g), steps, p.drafter_lr)
+        dflash_stage.export(drafter, p, eos, mask, folder)
+
+    def choose_block(self, target, seqs, eos, mask, tok, data, first: Path, ddir: Path, here: str) -> None:
+        """Fine-tunes a drafter for each other candidate block size from the first one, measures every candidate
+        on the held-out selection prompts (CPU, the demo's threads: tok/s = τ x steps/s, averaged over greedy and
+        T 0.6) and ships the fastest."""
+        p = self.p
+        folders = {p.block_size: first}
+        for b in p.block_sizes:
+            if b == p.block_size:
+                continue
+            folders[b] = self.work / f"dflash-b{b}"
+            if not _done(folders[b]):
+                with self.timed(f"dflash-b{b}", here):
+                    self.train_dflash(target, seqs, eos, mask, b, p.block_steps, folders[b], first)
+        where = f"cpu ({THREADS} threads)"
+        with self.timed("block", where), cpu_threads(THREADS):
+            scores = {}
+            if len(folders) > 1:
+                cpu_target = _load_target(self.out / "target", CPU)
+                select = prompts.category_prompts(data.held_out, tok, p.eval_prompts, 64, prompts.SELECT)
+                r = evaluate(cpu_target, eos, select, p, {f"dflash-b{b}": f for b, f in folders.items()}, self.note)
+                for b in folders:
+                    modes = [t[f"dflash-b{b}"] for t in r["temperatures"].values()]
+                    scores[b] = {"tok_per_s": round(sum(m["tok_per_s"] for m in modes) / len(modes), 1),
+                                 **{f"tau {k}": t[f"dflash-b{b}"]["mean_accepted"] for k, t in r["temperatures"].items()}}
+                chosen = max(folders, key=lambda b: scores[b]["tok_per_s"])
+            else:
+                chosen = p.block_size
+            shutil.copytree(folders[chosen], ddir, dirs_exist_ok=True)
+            self.info["block_choice"] = {"chosen": chosen, "candidates": {str(b): s for b, s in scores.items()},
+                                         "rule": "highest CPU tok/s (2 threads) on the held-out selection prompts, "
+                                                 "mean of greedy and T 0.6"}
+        speeds = ", ".join(f"{b}: {s['tok_per_s']} tok/s" for b, s in scores.items())
+        self.note(f"block: {chosen} ships" + (f" ({speeds})" if scores else ""))
 
 
-def _write_info(out: Path, info: dict) -> None:
-    (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
+def _done(folder: Path) -> bool:
+    return (folder / "model.safetensors").is_file()
 
 
-def _rows(seqs: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
-    return seqs[torch.randint(0, seqs.shape[0], (n,), generator=gen).to(seqs.device)]
+def _rows(seqs: distill.Distilled, n: int, gen: torch.Generator) -> distill.Distilled:
+    return seqs.rows(torch.randint(0, seqs.tokens.shape[0], (n,), generator=gen).to(seqs.tokens.device))
 
 
 def _tokens(work: Path, tok, data) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,18 +281,6 @@ def _load_target(tdir: Path, device):
         raise DflashError(f"{tdir} has no trained target: run the target stage first")
     # Drafters learn from the target as it ships (bf16 weights), computed in float32 / autocast.
     return Qwen3Model.load(tdir, device=device, dtype=torch.float32)
-
-
-def _distill(target, train_ids: torch.Tensor, p: presets.Preset, seed: int, device) -> torch.Tensor:
-    g = batch_generator(seed, "distill", 0)
-    out = []
-    for i in range(0, p.distill_sequences, p.distill_batch):
-        n = min(p.distill_batch, p.distill_sequences - i)
-        prompts = target_stage.windows(train_ids, n, p.distill_prompt, g)
-        sampled = torch.rand(n, generator=g) < p.sampled_fraction
-        with autocast(device):
-            out.append(distill.continue_prompts(target, prompts, p.distill_length, sampled, g))
-    return torch.cat(out)
 
 
 def _read_info(out: Path) -> dict:
