@@ -186,7 +186,7 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cuda")
     m = Layers(args, device)
-    if not ops.triton_kernels(m.state.S):
+    if not ops.model_kernels(m.state.S, "delta_rule"):
         print("error: the Triton kernels are unavailable (triton missing, or the `kernels` knob is off)", file=sys.stderr)
         return 2
     state_bytes = m.state.S.numel() * 4

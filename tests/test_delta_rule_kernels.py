@@ -154,10 +154,11 @@ MODEL = textwrap.dedent("""
     # its fold at n = 2 (device n), then a rollback inside the next forward (host n), against the torch reference.
     model = Qwen35Model.load(sys.argv[1])
     ids = torch.randint(0, model.cfg.vocab_size, (60,), generator=torch.Generator().manual_seed(0))
-    reference = ops.triton_kernels
+    from dflash_cli.kernels import delta_rule as module
+    reference = ops.model_kernels
     runs = []
     for kernels in (False, True):
-        ops.triton_kernels = (lambda x: True) if kernels else reference
+        ops.model_kernels = (lambda x, name: module if name == "delta_rule" else None) if kernels else reference
         cache, out = model.new_cache(128), []
         out.append(model.forward(ids[:40], 0, cache, all_logits=True).logits)
         out.append(model.forward(ids[40:45], 40, cache, all_logits=True).logits)

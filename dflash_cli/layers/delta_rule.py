@@ -30,9 +30,7 @@ def short_conv(x: torch.Tensor, conv0: torch.Tensor, weight: torch.Tensor, windo
     """x [T, C] (pre-conv rows), conv0 [K-1, C] (the inputs before them), weight [C, K] (depthwise, no bias) ->
     silu(conv) [T, C] in x's dtype. window: gets the last K-1 rows of [conv0 ; x] (the next forward's conv0);
     keep [R >= T, C]: gets x (for a rewind). None: not written."""
-    if ops.triton_kernels(x) and x.stride(-1) == 1:
-        from ..kernels import delta_rule as kernel
-
+    if (kernel := ops.model_kernels(x, "delta_rule")) and x.stride(-1) == 1:
         return kernel.short_conv(x, conv0, weight, window, keep)
     full = torch.cat([conv0, x], dim=0)  # [K - 1 + T, C]
     y = F.silu(F.conv1d(full.t()[None], weight[:, None, :], groups=x.shape[1])[0].t())
@@ -64,11 +62,8 @@ def rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: 
     last row (None: held, a verify). keep: (k [R, H_k, d_k], δ [R, H_v, d_v], g [R, H_v]) float32, R >= T: get
     each row's normalised key, correction and log-decay (RecurrentState's, for `fold`). Capturable: fixed shapes,
     no host sync. One Triton launch on CUDA."""
-    if ops.triton_kernels(S0):
-        from ..kernels import delta_rule as kernel
-
-        if all(x.stride(-1) == 1 for x in (q, k, v, a, b)):
-            return kernel.recurrent(q, k, v, a, b, neg_a, dt_bias, S0, S, keep, out_dtype)
+    if (kernel := ops.model_kernels(S0, "delta_rule")) and all(x.stride(-1) == 1 for x in (q, k, v, a, b)):
+        return kernel.recurrent(q, k, v, a, b, neg_a, dt_bias, S0, S, keep, out_dtype)
     q, k, v, g, beta = gates(q, k, v, a, b, neg_a, dt_bias)
     group = v.shape[1] // k.shape[1]
     qv, kv = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)  # value head j: key head j // group
@@ -91,9 +86,7 @@ def rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: 
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """w * rms_norm(x) * silu(z) per head vector (x, z [T, H, D], weight [D]: plain w): normed in float32, rounded to
     x's dtype, scaled, then gated in float32. One Triton launch on CUDA."""
-    if ops.triton_kernels(x) and weight.dtype == x.dtype and x.stride(-1) == z.stride(-1) == 1:
-        from ..kernels import delta_rule as kernel
-
+    if (kernel := ops.model_kernels(x, "delta_rule")) and weight.dtype == x.dtype and x.stride(-1) == z.stride(-1) == 1:
         return kernel.gated_rms_norm(x, z, weight, eps)
     y = weight * ops.unit_rms_norm(x, eps)
     return (y * F.silu(z.float())).to(x.dtype)

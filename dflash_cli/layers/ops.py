@@ -42,16 +42,12 @@ def _triton_on(x: torch.Tensor):
     return _kernels or None
 
 
-def triton_kernels(x: torch.Tensor) -> bool:
-    """Whether Triton kernels run on tensors like x, in any dtype: on a CUDA device, with the kernels available and
-    neither the `kernels` knob nor `reference_only` turning them off (a float32 recurrent state, say)."""
-    return bool(_triton_on(x))
-
-
 def model_kernels(x: torch.Tensor, name: str):
-    """A model's own Triton kernels, the module kernels/<name> (dflash2: DFlash 2's convolution and selector), where
-    the Triton kernels run on `x`'s device (CUDA, any dtype, the `kernels` knob on), else None: that model's torch
-    code is then the path (and the reference its kernels are checked against)."""
+    """A model's own Triton kernels, the module kernels/<name> (dflash2: DFlash 2's convolution and selector;
+    delta_rule: a hybrid's DeltaNet rows and rewind), where the Triton kernels run on tensors like x, in any dtype (a
+    float32 recurrent state, say): CUDA, the kernels available, neither the `kernels` knob nor `reference_only`
+    turning them off. Else None: that model's torch code is then the path (and the reference its kernels are checked
+    against)."""
     if not _triton_on(x):
         return None
     module = _model_kernels.get(name)

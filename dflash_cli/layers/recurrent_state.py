@@ -64,10 +64,8 @@ class RecurrentState:
         launches on CUDA (kernels/delta_rule.fold: the same update, applied row by row); this torch form is their
         reference."""
         n = n.reshape(1) if torch.is_tensor(n) else torch.tensor([n], device=self.S.device)
-        if ops.triton_kernels(self.S):
-            from ..kernels import delta_rule
-
-            delta_rule.fold(self.S0, self.S, self.k, self.delta, self.g, self.conv0, self.conv, self.x, n, rows)
+        if kernel := ops.model_kernels(self.S, "delta_rule"):
+            kernel.fold(self.S0, self.S, self.k, self.delta, self.g, self.conv0, self.conv, self.x, n, rows)
             return
         g = self.g[:, :rows]
         G = g.cumsum(1)  # [L, T, H_v]
