@@ -14,7 +14,7 @@ from dflash_cli.layers import ops
 from dflash_cli.loading.config import Qwen3Config
 from dflash_cli.models.dflash import SLIDING_SEMANTICS, DFlashConfig, DFlashDrafter, LayerAttention
 from dflash_cli.models.qwen3 import Qwen3Model
-from dflash_cli.runtime.drafters import LOADERS
+from dflash_cli.runtime.drafters import load
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
 from dflash_cli.runtime.generation import PlainDecoder, Request, generate
 from dflash_cli.runtime.sampling import SamplingParams
@@ -136,7 +136,7 @@ def test_qwen3_drafter_takes_a_window_from_the_knob(target, tmp_path, monkeypatc
     target_dir, cfg, ours_t = target
     draft_dir = make_dflash(tmp_path / "q3", cfg, seed=9, layers=2, block_size=4, target_layer_ids=[1, 3])
     monkeypatch.setattr(tuning, "KNOBS", tuning.read({"DFLASH_DRAFT_WINDOW": "6"}))
-    proposer = LOADERS["dflash"](draft_dir, ours_t)
+    proposer = load("dflash", draft_dir, ours_t)
     assert proposer.model.c.attention == (LayerAttention("full_attention", False, 6),) * 2
     # The same drafter as z-lab's reference computes it with every layer sliding and is_causal false.
     raw = json.loads((draft_dir / "config.json").read_text())
@@ -155,7 +155,7 @@ def test_qwen3_drafter_takes_a_window_from_the_knob(target, tmp_path, monkeypatc
     with pytest.raises(DflashError, match="DFLASH_DRAFT_WINDOW"):
         tuning.read({"DFLASH_DRAFT_WINDOW": "0"})
     monkeypatch.setattr(tuning, "KNOBS", tuning.read({}))
-    assert LOADERS["dflash"](draft_dir, ours_t).model.c.attention[0] == LayerAttention("sliding_attention", False, 6)
+    assert load("dflash", draft_dir, ours_t).model.c.attention[0] == LayerAttention("sliding_attention", False, 6)
 
 
 def test_config_names_its_attention_rule_and_refuses_unknown_layer_types(target, tmp_path):

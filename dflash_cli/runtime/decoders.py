@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import DflashError
 from ..registry import DRAFT_KINDS, Source
-from .drafters import LOADERS, detect_kind
+from .drafters import detect_kind, load as load_drafter
 from .generation import PlainDecoder
 from .speculative import SpeculativeDecoder
 
@@ -22,7 +22,7 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
         raise DflashError(f"--draft-len must be >= 1 (got {draft_len})")
     if draft == "mtp":  # the target's own multi-token-prediction layer, in the target's folder
         check_mtp(bundle)
-        return SpeculativeDecoder(LOADERS["mtp"](bundle.target_dir, bundle.load_model()), draft_len)
+        return SpeculativeDecoder(load_drafter("mtp", bundle.target_dir, bundle.load_model()), draft_len)
     if draft in DRAFT_KINDS:
         src = bundle.entry.drafters.get(draft)
         if src is None:
@@ -34,7 +34,7 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
     kind = detect_kind(path)
     if draft in DRAFT_KINDS and kind != draft:
         raise DflashError(f"the registry's {draft} drafter {src.ref} is a {kind} checkpoint")
-    proposer = LOADERS[kind](path, bundle.load_model())
+    proposer = load_drafter(kind, path, bundle.load_model())
     if draft_len is None and draft == "eagle3":
         draft_len = bundle.entry.draft_len  # the registry's chain length; DFlash's block is fixed by its checkpoint
     return SpeculativeDecoder(proposer, draft_len)

@@ -43,7 +43,7 @@ def evaluate(target, eos: int, prompts: list[tuple[str, list[int]]], p: Preset, 
     """target: the model from out/target on the device it runs on; drafters: name -> folder (dflash or eagle3 by
     its config). Returns per temperature and mode: generated tokens, tok/s, mean accepted length (τ: tokens
     committed per target step) overall and per category, and (greedy) whether the output equals plain."""
-    from ..runtime.drafters import LOADERS
+    from ..runtime.drafters import load
 
     results = {}
     for temp in temperatures:
@@ -52,7 +52,7 @@ def evaluate(target, eos: int, prompts: list[tuple[str, list[int]]], p: Preset, 
         modes = {"none": plain}
         for name, folder in drafters.items():
             kind = "eagle3" if "eagle3" in name else "dflash"
-            decoder = SpeculativeDecoder(LOADERS[kind](folder, target), p.draft_len if kind == "eagle3" else None)
+            decoder = SpeculativeDecoder(load(kind, folder, target), p.draft_len if kind == "eagle3" else None)
             r = _run(target, decoder, prompts, params, p, eos)
             if temp == 0:
                 r["lossless"] = r["tokens"] == plain["tokens"]

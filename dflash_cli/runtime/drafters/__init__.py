@@ -3,7 +3,6 @@ its runtime from this folder). A new kind adds its two files, its line in KINDS 
 
 from __future__ import annotations
 
-from functools import partial
 from importlib import import_module
 from pathlib import Path
 
@@ -31,9 +30,6 @@ def load(kind: str, path: Path, target):
     """The drafter checkpoint of `kind` in `path` for `target`: its network and runtime."""
     module, network, _ = KINDS[kind]
     return proposer(kind, getattr(import_module(f"...models.{module}", __name__), network).load(path, target))
-
-
-LOADERS = {kind: partial(load, kind) for kind in KINDS}
 
 
 def detect_kind(path: Path) -> str:
