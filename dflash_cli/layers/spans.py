@@ -17,11 +17,11 @@ import functools
 import torch
 
 from . import ops
+from .kv_cache import KVCache
 
 # The most rows of one step's forward (decode, verify, draft block; longer spans are prefills): the graphs' row keys,
 # a drafter's q buffer and a recurrent state's kept rows are sized by it (a DFlash-b16 verify: 16).
 MAX_STEP_ROWS = 32
-from .kv_cache import KVCache
 
 
 class Span:
@@ -57,7 +57,7 @@ class StaticSpan:
         self.tables = cos, sin  # whole: the fused kernel reads them at the positions
         # The last key each row sees: itself (causal) or the span's last row (a non-causal block; a broadcast
         # view, no kernel).
-        self.limit = positions if causal else positions[-1:].expand(positions.shape[0])
+        self.limit = self._bounds(causal, None)[0]
         # Per layer (layer_masks): (limit, the first key each row sees or None), made here, before any layer runs.
         self.bounds = None
         if layer_masks is not None:

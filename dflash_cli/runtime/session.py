@@ -193,5 +193,5 @@ class Session:
                 self.model.commit_rows(self.cache, out.verdict[:1], n)
         self.length += n
         if folded and not held:
-            self.state.at = self.length
+            self.commit(self.length)  # the graph folded the state to the prompt's last row
         return out
