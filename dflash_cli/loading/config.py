@@ -53,13 +53,7 @@ class Qwen3Config:
                   sliding: bool = False) -> "Qwen3Config":
         """sliding: the caller reads the sliding-window fields itself (a DFlash drafter's per-layer windows,
         models/dflash.py); otherwise a config with a window is refused."""
-        model_type = raw.get("model_type")
-        if model_type is None:
-            raise DflashError(f"{path} has no model_type: not a Hugging Face model config")
-        if model_type not in allowed_types:
-            raise DflashError(
-                f"unsupported model_type '{model_type}' in {path}: dflash runs {', '.join(allowed_types)}"
-            )
+        _check_model_type(raw, path, allowed_types)
         _check_rope(raw, path)
         if raw.get("use_sliding_window") and raw.get("sliding_window") and not sliding:
             raise DflashError(f"sliding-window attention is not supported ({path})")
@@ -85,6 +79,16 @@ class Qwen3Config:
     def load(cls, model_dir: Path) -> "Qwen3Config":
         path = Path(model_dir) / "config.json"
         return cls.from_dict(read_json(path, "model config"), path)
+
+
+def _check_model_type(raw: dict, path: Path, allowed_types) -> str:
+    """The config's model_type, one of `allowed_types` (else a DflashError naming what dflash runs)."""
+    model_type = raw.get("model_type")
+    if model_type is None:
+        raise DflashError(f"{path} has no model_type: not a Hugging Face model config")
+    if model_type not in allowed_types:
+        raise DflashError(f"unsupported model_type '{model_type}' in {path}: dflash runs {', '.join(allowed_types)}")
+    return model_type
 
 
 def _rope_theta(raw: dict) -> float:
@@ -132,11 +136,7 @@ class Qwen35Config(Qwen3Config):
 
     @classmethod
     def from_dict(cls, raw: dict, path: Path, allowed_types=HYBRID_TARGETS) -> "Qwen35Config":
-        model_type = raw.get("model_type")
-        if model_type is None:
-            raise DflashError(f"{path} has no model_type: not a Hugging Face model config")
-        if model_type not in allowed_types:
-            raise DflashError(f"unsupported model_type '{model_type}' in {path}: expected {', '.join(allowed_types)}")
+        model_type = _check_model_type(raw, path, allowed_types)
         text = raw.get("text_config") if model_type == "qwen3_5" else raw
         if not isinstance(text, dict):
             raise DflashError(f"config {path} lacks its text_config")
