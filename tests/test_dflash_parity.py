@@ -36,23 +36,29 @@ def rel_err(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_draft_logits_and_accepted_lengths_match_reference(setup, seed, monkeypatch):
+def run_reference(ref_d, ref_t, prompt, max_new, monkeypatch):
+    """z-lab's dflash_generate over `prompt`: its result and every draft step's logits (the drafter's compute_logits
+    recorded)."""
     import time
 
     monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)  # the reference times with CUDA syncs
-    ours_t, ours_d, ref_t, ref_d = setup
-    g = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, 300, (11 + seed,), generator=g)
-    max_new = 40
-
-    ref_logits = []
+    logits = []
     orig = ref_d.compute_logits
-    ref_d.compute_logits = lambda hidden, head: ref_logits.append(orig(hidden, head)[0]) or ref_logits[-1][None]
+    ref_d.compute_logits = lambda hidden, head: logits.append(orig(hidden, head)[0]) or logits[-1][None]
     try:
         ref = zlab.dflash_generate(ref_d, ref_t, prompt[None], max_new, stop_token_ids=None, return_stats=True)
     finally:
         ref_d.compute_logits = orig
+    return ref, logits
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_draft_logits_and_accepted_lengths_match_reference(setup, seed, monkeypatch):
+    ours_t, ours_d, ref_t, ref_d = setup
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 300, (11 + seed,), generator=g)
+    max_new = 40
+    ref, ref_logits = run_reference(ref_d, ref_t, prompt, max_new, monkeypatch)
 
     our_logits = []
     proposer = DFlashProposer(ours_d)

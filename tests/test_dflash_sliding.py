@@ -3,7 +3,6 @@ reference (`dflash` 0.1.0) with windows smaller than the context, on the eager a
 handling; and the DFLASH_DRAFT_WINDOW knob that gives a Qwen3 drafter a window."""
 
 import json
-import time
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from dflash_cli.runtime.generation import PlainDecoder, Request, generate
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
+from test_dflash_parity import run_reference
 from tiny import make_dflash, make_qwen3
 
 transformers = pytest.importorskip("transformers")
@@ -42,18 +42,6 @@ def target(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ref_target(target):
     return transformers.Qwen3ForCausalLM.from_pretrained(target[0], dtype=torch.float32).eval()
-
-
-def run_reference(ref_d, ref_t, prompt, max_new, monkeypatch):
-    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)  # the reference times with CUDA syncs
-    logits = []
-    orig = ref_d.compute_logits
-    ref_d.compute_logits = lambda hidden, head: logits.append(orig(hidden, head)[0]) or logits[-1][None]
-    try:
-        ref = zlab.dflash_generate(ref_d, ref_t, prompt[None], max_new, stop_token_ids=None, return_stats=True)
-    finally:
-        ref_d.compute_logits = orig
-    return ref, logits
 
 
 def run_ours(drafter, target_model, prompt, max_new, path):
