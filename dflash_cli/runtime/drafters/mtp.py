@@ -4,7 +4,7 @@ fed its own normed output at each chained step (models/mtp.py)."""
 from __future__ import annotations
 
 from ...models.mtp import MtpDrafter
-from .chain import MAX_CHAIN, ChainProposer
+from .chain import ChainProposer
 
 # Drafts a proposal holds unless --draft-len says otherwise: the MTP is trained to predict one token ahead, and each
 # chained step feeds it its own output instead of the target's state, so later drafts are accepted less often.
@@ -17,4 +17,4 @@ class MtpProposer(ChainProposer):
 
     @property
     def default_draft(self) -> int:
-        return min(DEFAULT_CHAIN, MAX_CHAIN)
+        return DEFAULT_CHAIN
