@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from ..errors import DflashError
@@ -166,14 +167,11 @@ class StartupClock:
     process's own start (Linux's /proc; elsewhere the first mark's)."""
 
     def __init__(self):
-        import time
-
-        self._time = time.time
         now = time.time()
         self.marks = [("start", _process_start() or now), ("imports", now)]
 
     def mark(self, stage: str) -> None:
-        self.marks.append((stage, self._time()))
+        self.marks.append((stage, time.time()))
 
     def stages(self, first_token_unix: float) -> dict:
         """Seconds per stage, the last one ("prefill") ending at the first token."""

@@ -17,8 +17,8 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView, footer_lines, json_stats
-from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_writable, finish_reason, read_prompt,
-                     set_threads, tee)
+from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_writable, finish_reason,
+                     read_prompt, set_threads, tee)
 
 __all__ = ["GenerateOptions", "run_generate"]
 
