@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..models.qwen3 import Qwen3Model
+from ..runtime.sampling import race
 from .loop import batch_generator
 from .presets import Preset
 from .spans import grouped_sdpa
@@ -40,8 +41,8 @@ class CachedBatch:
 @torch.no_grad()
 def continue_prompts(model: Qwen3Model, prompts: torch.Tensor, length: int, temperature: torch.Tensor,
                      gen: torch.Generator) -> torch.Tensor:
-    """prompts [b, p] -> [b, length]; row i draws at temperature[i] (0: greedy). Draws are an exponential race
-    (argmax p / Exp(1), as runtime/sampling.py) with noise from `gen`, a generator on the model's device."""
+    """prompts [b, p] -> [b, length]; row i draws at temperature[i] (0: greedy). Draws are runtime/sampling's
+    exponential race with noise from `gen`, a generator on the model's device."""
     cfg, dev = model.cfg, model.device
     b, p = prompts.shape
     shape = (b, length, cfg.num_key_value_heads, cfg.head_dim)
@@ -59,8 +60,7 @@ def continue_prompts(model: Qwen3Model, prompts: torch.Tensor, length: int, temp
         span = CachedBatch(cache, start, ids.shape[1], b, model.cos, model.sin)
         h = model.run(ids.reshape(-1), span, last_layer, False).hidden.reshape(b, ids.shape[1], -1)[:, -1]
         logits = model.logits(h).float()
-        noise = torch.empty_like(logits).exponential_(generator=gen)
-        draws = (torch.softmax(logits / scale, dim=-1) / noise).argmax(-1)
+        draws = race(torch.softmax(logits / scale, dim=-1), gen)
         seq[:, pos] = torch.where(sampled[:, 0], draws, logits.argmax(-1))
         start, ids = pos, seq[:, pos : pos + 1]
     return seq.cpu()
