@@ -136,11 +136,11 @@ class _Run:
         needs_data = ("distill" in stages or ("dflash" in stages and not _done(first))
                       or ("block" in stages and not _done(ddir)) or ("eagle3" in stages and not _done(edir)))
         parts = work / "distill"
-        if needs_data and not (parts / distill.part_name(distill.parts(p) - 1)).is_file():
+        last_part = parts / distill.part_name(distill.parts(p) - 1)  # written last: the data is complete
+        if needs_data and not last_part.is_file():
             with self.timed("distill", here):
                 self.distill(target, train_ids, parts, eos)
-        data_ready = (parts / distill.part_name(distill.parts(p) - 1)).is_file()
-        seqs = distill.load(parts, p, eos).to(device) if data_ready and needs_data else None
+        seqs = distill.load(parts, p, eos).to(device) if last_part.is_file() and needs_data else None
         if seqs is not None:
             info["distill"] = {"sequences": int(seqs.tokens.shape[0]),
                                "target_tokens": int(seqs.produced().sum()), "width": int(seqs.tokens.shape[1])}
