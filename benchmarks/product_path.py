@@ -16,7 +16,8 @@ Then a scripted 5-turn `dflash chat` (200 tokens a turn) per mode and temperatur
 Env: MODEL (qwen3-4b), ROOT (checkpoint folder, default /tmp/product/MODEL), MAX_TOKENS (512), MODES (none and every
 drafter written; mtp for a hybrid), TEMPS (0,0.6),
 PROMPT_TOKENS (short prompt: 0; else a prompt of about that many tokens), CHAT (1: the chat table too), FORCED_TAU
-(6; 0: no forced rows).
+(6; 0: no forced rows), PROFILE (1: where a plain greedy `generate`'s start-up goes, by `python -X importtime` and
+cProfile; the profile is written to $OUT/startup.prof).
 Run: PYTHONUNBUFFERED=1 python benchmarks/product_path.py
 """
 
@@ -124,6 +125,27 @@ def generate(mode: str, temp: float, prompt_file: Path, tau: float | None = None
             "load_capture_s": stats["graph_capture_at_load_s"], "startup": stats.get("startup_s", {})}
 
 
+def profile_startup(prompt_file: Path) -> None:
+    """Where a plain greedy generate's start-up goes: the slowest imports (cumulative), then cProfile's functions by
+    cumulative and by own time (the GPU's asynchronous work shows at the first synchronising call)."""
+    base = ["-m", "dflash_cli", "generate", "--model", str(ROOT / "target"), "--draft", "none", "--prompt-file",
+            str(prompt_file), "--max-tokens", "16", "--json", "--no-repeat-guard"]
+    out = subprocess.run([sys.executable, "-X", "importtime", *base], cwd=REPO, capture_output=True, text=True)
+    rows = []
+    for line in out.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line and "cumulative" not in line:
+            _, cumulative, name = line.split("|")
+            rows.append((int(cumulative), name.rstrip()))
+    print("\nslowest imports (cumulative ms):", ", ".join(f"{n.strip()} {c / 1e3:.0f}" for c, n in
+                                                      sorted(rows, reverse=True)[:20]))
+    prof = Path(os.environ.get("OUT", ROOT)) / "startup.prof"
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), *base], cwd=REPO, capture_output=True)
+    import pstats
+    for key in ("cumulative", "tottime"):
+        print(f"\ncProfile of a plain generate, by {key}:")
+        pstats.Stats(str(prof)).sort_stats(key).print_stats(30 if key == "cumulative" else 20)
+
+
 def chat(mode: str, temp: float, turns: int = 5, tokens: int = 200) -> list[tuple[float, float]]:
     """A scripted `dflash chat` of `turns` messages (stdin, not a terminal), each followed by /stats: (decode tok/s,
     TTFT ms) by turn, read from /stats."""
@@ -180,6 +202,8 @@ def main() -> None:
     prompts.write_text(json.dumps({"prompt": text}) + "\n")
     first = generate("none", 0.0, prompt_file)  # the bare machine's first run: it compiles the kernels
     print(f"first run (kernel caches cold): {first}")
+    if os.environ.get("PROFILE", "1") == "1":
+        profile_startup(prompt_file)
     rows = []
     for temp in TEMPS:
         for mode in MODES:

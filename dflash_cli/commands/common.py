@@ -180,11 +180,11 @@ class StartupClock:
 
 
 def _process_start() -> float | None:
-    """This process's start as a Unix time, from /proc (clock ticks since boot), or None."""
+    """This process's start as a Unix time, from /proc (clock ticks since boot, against the boot clock: /proc/stat's
+    btime is whole seconds), or None."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        since = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - since
+    except (OSError, ValueError, IndexError, AttributeError):
         return None
