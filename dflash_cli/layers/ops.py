@@ -44,7 +44,7 @@ def _triton_on(x: torch.Tensor):
 
 def model_kernels(x: torch.Tensor, name: str):
     """A model's own Triton kernels, the module kernels/<name> (dflash2: DFlash 2's convolution and selector;
-    delta_rule: a hybrid's DeltaNet rows and rewind), where the Triton kernels run on tensors like x, in any dtype (a
+    delta_rule: a hybrid's DeltaNet rows and rewind; sampling: the sampler's top-k rows and verdict), where the Triton kernels run on tensors like x, in any dtype (a
     float32 recurrent state, say): CUDA, the kernels available, neither the `kernels` knob nor `reference_only`
     turning them off. Else None: that model's torch code is then the path (and the reference its kernels are checked
     against)."""

@@ -157,6 +157,11 @@ def filtered(logits: torch.Tensor, mode: str, s: Sampler) -> Filtered:
 
     Applied identically to target and drafter rows, which is what makes rejection sampling lossless with respect to
     this (filtered) target distribution."""
+    kernels = _kernels(logits, mode)
+    if kernels is not None:
+        out = _rows(logits.shape[0], logits.device)
+        kernels.filtered(logits, K_MAX, s.temperature, s.top_p, s.top_k, out.ids, out.probs)
+        return out
     if mode == TOP_K:
         values, ids = torch.topk(logits, min(K_MAX, logits.shape[-1]), dim=-1)  # sorted, largest first
     else:
@@ -167,6 +172,43 @@ def filtered(logits: torch.Tensor, mode: str, s: Sampler) -> Filtered:
     drop = (probs.cumsum(-1) - probs) >= s.top_p
     probs = probs.masked_fill(drop, 0.0)
     return Filtered(ids, probs / probs.sum(-1, keepdim=True))
+
+
+def filtered_draw(logits: torch.Tensor, mode: str, s: Sampler, out: Filtered | None = None,
+                  to_target: torch.Tensor | None = None) -> tuple[torch.Tensor, Filtered]:
+    """One token per row of logits [R, V] drawn from its filtered row, and those rows: written into `out` when given
+    (rows of the sampler's q buffer: zero past their width), their ids mapped by `to_target` (a draft head's ids ->
+    the target's)."""
+    kernels = _kernels(logits, mode)
+    if kernels is not None and (out is None or out.ids.shape[1] == K_MAX):
+        out = out if out is not None else _rows(logits.shape[0], logits.device)
+        tokens = kernels.filtered(logits, K_MAX, s.temperature, s.top_p, s.top_k, out.ids, out.probs, draw=True,
+                                  to_target=to_target)
+        return tokens, out
+    rows = filtered(logits, mode, s)
+    if to_target is not None:
+        rows = Filtered(to_target[rows.ids], rows.probs)
+    if out is not None:
+        w = rows.ids.shape[1]
+        out.ids[:, :w].copy_(rows.ids)
+        out.probs[:, :w].copy_(rows.probs)
+        out.ids[:, w:].zero_()
+        out.probs[:, w:].zero_()
+        rows = out
+    return draw(rows, s.gen), rows
+
+
+def _kernels(logits: torch.Tensor, mode: str):
+    """kernels/sampling where it runs these rows (the top-k mode, CUDA, the kernels on, their shapes), else None."""
+    if mode != TOP_K:
+        return None
+    kernels = ops.model_kernels(logits, "sampling")
+    return kernels if kernels is not None and kernels.fits(logits, K_MAX) else None
+
+
+def _rows(n: int, device) -> Filtered:
+    return Filtered(torch.empty(n, K_MAX, dtype=torch.long, device=device),
+                    torch.empty(n, K_MAX, dtype=torch.float32, device=device))
 
 
 def race(weights: torch.Tensor, gen) -> torch.Tensor:
@@ -191,7 +233,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, s: Sampler | None) -> t
     if params.greedy:
         return logits.argmax(-1)
     flat = logits.reshape(-1, logits.shape[-1])
-    return draw(filtered(flat, mode(params), s), s.gen).reshape(logits.shape[:-1])
+    return filtered_draw(flat, mode(params), s)[0].reshape(logits.shape[:-1])
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -240,9 +282,13 @@ def verdict(ids: torch.Tensor, logits: torch.Tensor, mode: str, feed=None) -> to
     s = sampler(ids.device)
     k = ids.shape[0] - 1
     vocab = logits.shape[-1]
-    p = filtered(logits, mode, s)
-    n, tok = accept(ids[1:], s.q(mode, vocab)[:k], p, vocab, s.gen)
-    out = torch.cat([n.view(1), tok.view(1), ids[1:]])
+    p, q = filtered(logits, mode, s), s.q(mode, vocab)
+    kernels = _kernels(logits, mode)
+    if kernels is not None and ids.is_contiguous():
+        out = kernels.accept(ids, q.ids, q.probs, p.ids, p.probs)
+    else:
+        n, tok = accept(ids[1:], q[:k], p, vocab, s.gen)
+        out = torch.cat([n.view(1), tok.view(1), ids[1:]])
     ops.feed_token(ids, out[1:2], feed)
     return out
 

@@ -115,13 +115,11 @@ class ChainProposer(Drafter):
                                positions=range(self.committed - 1, self.committed - 1 + k))
             return drafts, self._q(mode, k)
         pos, state = self.first_state()
-        token, drafts, rows = last, [], []
+        token, drafts = last, []
         for i in range(k):
             logits, state = self.chain_step(pos + i, state, token)
-            token, q = self._draw(logits.view(1, -1), mode)  # stays on the device for the next chained step
+            token = self._draw(logits.view(1, -1), mode, i)  # stays on the device for the next chained step
             drafts.append(token)
-            rows.append(q)
-        self._write_q(mode, rows)
         return torch.cat(drafts), self._q(mode, k)
 
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
@@ -129,16 +127,12 @@ class ChainProposer(Drafter):
         d2t = self.model.draft_to_target
         return ids if d2t is None else d2t[ids]
 
-    def _draw(self, logits: torch.Tensor, mode: str) -> tuple[torch.Tensor, sampling.Filtered]:
-        """A draft (target id [1]) from draft-vocabulary logits [1, Vd], and its q row over target ids."""
+    def _draw(self, logits: torch.Tensor, mode: str, row: int) -> torch.Tensor:
+        """A draft (target id [1]) from draft-vocabulary logits [1, Vd], its q row (over target ids: a draft head
+        over a subset of the vocabulary has q 0 elsewhere) written to row `row` of the sampler's buffer."""
         s = sampling.sampler(logits.device)
-        q = sampling.filtered(logits, mode, s)  # a draft head over a subset of the vocabulary: q is 0 elsewhere
-        q = sampling.Filtered(self._to_target(q.ids), q.probs)
-        return sampling.draw(q, s.gen), q
-
-    def _write_q(self, mode: str, rows: list) -> None:
-        q = sampling.Filtered(torch.cat([r.ids for r in rows]), torch.cat([r.probs for r in rows]))
-        sampling.sampler(q.ids.device).write_q(mode, self.model.vocab, q)
+        buffer = s.q(mode, self.model.vocab)[row : row + 1]
+        return sampling.filtered_draw(logits, mode, s, out=buffer, to_target=self.model.draft_to_target)[0]
 
     def _q(self, mode: str | None, k: int):
         """The q rows of the last sampled chain (None when greedy)."""
@@ -201,14 +195,12 @@ class ChainProposer(Drafter):
         """_greedy_chain with each draft drawn from its filtered row: shape-static, no host sync."""
         m = self.model
         state = self.fused.index_select(0, positions[:1])
-        token, drafts, rows = last, [], []
+        token, drafts = last, []
         for i in range(k):
             span = StaticSpan(self.cache, positions[i : i + 1], window, self.cos, self.sin)
             state = m.rows(span, state, token)
-            token, q = self._draw(m.logits(state), mode)
+            token = self._draw(m.logits(state), mode, i)
             drafts.append(token)
-            rows.append(q)
-        self._write_q(mode, rows)
         return torch.cat(drafts)
 
     def _greedy_chain(self, last: torch.Tensor, positions: torch.Tensor, window: int, k: int) -> torch.Tensor:

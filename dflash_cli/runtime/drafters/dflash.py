@@ -135,9 +135,8 @@ class DFlashProposer(Drafter):
         """Drafts drawn from the block's filtered rows [k, V], their q rows written to the sampler's buffer (where the
         verify's acceptance reads them): shape-static, inside the draft step's graph."""
         s = sampling.sampler(logits.device)
-        q = sampling.filtered(logits, mode, s)
-        s.write_q(mode, logits.shape[-1], q)
-        return sampling.draw(q, s.gen)
+        buffer = s.q(mode, logits.shape[-1])[: logits.shape[0]]
+        return sampling.filtered_draw(logits, mode, s, out=buffer)[0]
 
     def _proposal(self, drafts: torch.Tensor, mode: str, k: int):
         return drafts, sampling.sampler(drafts.device).q(mode, self.model.cfg.vocab_size)[:k]

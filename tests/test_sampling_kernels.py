@@ -1,0 +1,162 @@
+"""The sampler's kernels (kernels/sampling.py) against runtime/sampling.py's torch code, on CPU through Triton's
+interpreter (in a subprocess: TRITON_INTERPRET must be set before kernels are defined): the filtered rows, their
+draws on the same noise, a draft head's id map, and the rejection-sampling verdict. Skipped where triton is not
+installed (a CUDA extra)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+CHECK = textwrap.dedent("""
+    import torch
+    from dflash_cli.kernels import sampling as kernel
+    from dflash_cli.runtime import sampling
+    from dflash_cli.runtime.sampling import SamplingParams, TOP_K, Filtered
+    kernel.CHUNK = 64  # several chunks a row, the last one partly filled
+    K = sampling.K_MAX
+    g = torch.Generator().manual_seed(0)
+    tiny = torch.finfo(torch.float32).tiny
+
+    def by_value(rows, logits):
+        # Each row's probability per distinct logit value: tied logits (bf16 has many) may swap places.
+        d = rows.dense(logits.shape[-1])
+        out = []
+        for r in range(d.shape[0]):
+            _, group = torch.unique(logits[r].float(), return_inverse=True)
+            out.append(torch.zeros(logits.shape[-1]).scatter_add_(0, group, d[r]))
+        return torch.stack(out)
+
+    for vocab in (64, 200):
+        for dtype in (torch.float32, torch.bfloat16):
+            logits = (torch.randn(5, vocab, generator=g) * 3).to(dtype)
+            for params in (SamplingParams(0.6, 0.95, 20), SamplingParams(1.0, 1.0, 64) if dtype == torch.float32
+                           else SamplingParams(0.3, 0.5, 1)):
+                s = sampling.Sampler(logits.device)
+                s.load(params)
+                want = sampling.filtered(logits, TOP_K, s)  # torch: logits on CPU
+                ids = torch.zeros(8, K, dtype=torch.long)
+                probs = torch.zeros(8, K)
+                kernel.filtered(logits, K, s.temperature, s.top_p, s.top_k, ids[1:6], probs[1:6])
+                got = Filtered(ids[1:6].clone(), probs[1:6].clone())
+                err = (by_value(got, logits) - by_value(want, logits)).abs().max().item()
+                assert err < 1e-6, (vocab, dtype, params, err)
+                assert torch.allclose(got.probs.sum(-1), torch.ones(5))
+                # The draw on the kernel's noise (torch.rand [rows, K] after this seed), and a draft head's map.
+                to_target = torch.randperm(4 * vocab, generator=g)[:vocab]
+                torch.manual_seed(7)
+                tokens = kernel.filtered(logits, K, s.temperature, s.top_p, s.top_k, ids[:5], probs[:5], draw=True,
+                                         to_target=to_target)
+                torch.manual_seed(7)
+                u = torch.rand(5, K)
+                best = (probs[:5] / (-torch.log(1 - u)).clamp_min(tiny)).argmax(-1)
+                assert torch.equal(tokens, ids[:5].gather(1, best[:, None])[:, 0]), (vocab, params)
+                assert torch.equal(ids[:5], to_target[got.ids]) and torch.equal(probs[:5], got.probs)
+
+    # The verdict: sampling.accept's math on the kernel's noise (uniform [R + K]: R = the rows' power of two, the
+    # first k the acceptance's, then the race's, as Exp(1) = -log(1 - u)), every k, drafts mostly q's likely ones.
+    def want_accept(drafts, q, p, noise, rows):
+        k = drafts.shape[0]
+        at = lambda f, t: ((f.ids == t[:, None]) * f.probs).sum(-1)
+        n = int((noise[:k] * at(q[:k], drafts) < at(p[:k], drafts)).long().cumprod(0).sum()) if k else 0
+        p_ids, p_row = p.ids[n], p.probs[n]
+        q_on_p = torch.zeros(p_ids.shape[0])
+        if n < k:
+            q_dense = torch.zeros(100_000).scatter_add_(0, q.ids[n], q.probs[n])
+            q_on_p = q_dense[p_ids]
+        residual = (p_row - q_on_p).clamp_min(0)
+        weights = residual if residual.sum() > 0 else p_row
+        e = (-torch.log(1 - noise[rows:rows + K])).clamp_min(tiny)
+        return n, int(p_ids[(weights / e).argmax()])
+
+    s = sampling.Sampler(torch.device("cpu"))
+    s.load(SamplingParams(0.8, 0.95, 30))
+    vocab = 500
+    for trial in range(12):
+        k = (0, 1, 3, 7)[trial % 4]
+        p = sampling.filtered(torch.randn(k + 1, vocab, generator=g) * 2, TOP_K, s)
+        q = sampling.filtered(torch.randn(max(k, 1), vocab, generator=g) * 2, TOP_K, s)
+        drafts = torch.stack([q.ids[i, torch.randint(0, 3, (1,), generator=g)[0]] for i in range(k)]) if k else \\
+            torch.zeros(0, dtype=torch.long)
+        ids = torch.cat([torch.tensor([5]), drafts])
+        torch.manual_seed(trial)
+        out = kernel.accept(ids, q.ids, q.probs, p.ids, p.probs)
+        torch.manual_seed(trial)
+        rows = max(2, 1 << k.bit_length())
+        noise = torch.rand(rows + K)
+        n, tok = want_accept(drafts, q, p, noise, rows)
+        assert out.tolist() == [n, tok, *drafts.tolist()], (trial, out.tolist(), n, tok)
+    print("ok")
+""")
+
+
+def test_sampling_kernels_match_reference_in_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+# The kernels dispatched (ops.model_kernels forced to the interpreted module on CPU) through whole sampled
+# generations on the static path (what the GPU's graphs capture): plain, DFlash and EAGLE-3 (a draft head's id map,
+# each chained row written into the q buffer). At a temperature near 0 the draws are the argmaxes, so every output
+# must be plain greedy's: the rows, the q buffer and the verdict are wired as the torch path's.
+DISPATCH = textwrap.dedent("""
+    import json, sys, tempfile
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, "tests")
+    from tiny import make_dflash, make_eagle3, make_qwen3
+    from dflash_cli.kernels import sampling as kernel
+    from dflash_cli.layers import ops
+    from dflash_cli.models.dflash import DFlashDrafter
+    from dflash_cli.models.eagle3 import Eagle3Drafter
+    from dflash_cli.models.qwen3 import Qwen3Model
+    from dflash_cli.runtime.drafters.dflash import DFlashProposer
+    from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
+    from dflash_cli.runtime.generation import PlainDecoder, Request, generate
+    from dflash_cli.runtime.sampling import SamplingParams
+    from dflash_cli.runtime.session import Session
+    from dflash_cli.runtime.speculative import SpeculativeDecoder
+    torch.set_num_threads(1)
+    root = Path(tempfile.mkdtemp())
+    target_dir = make_qwen3(root / "target", seed=5, num_hidden_layers=3, with_tokenizer=False)
+    cfg = json.loads((target_dir / "config.json").read_text())
+    target = Qwen3Model.load(target_dir)
+    dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, seed=6, layers=1, block_size=6), target)
+    eagle3 = Eagle3Drafter.load(make_eagle3(root / "e", cfg, seed=7), target)
+    calls = {}
+    def counted(name):
+        fn = getattr(kernel, name)
+        def run(*args, **kw):
+            calls[name] = calls.get(name, 0) + 1
+            return fn(*args, **kw)
+        return run
+    module = type("Kernels", (), {"filtered": staticmethod(counted("filtered")),
+                                  "accept": staticmethod(counted("accept")), "fits": staticmethod(kernel.fits)})
+    prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
+    def run(decoder, params):
+        session = Session(target, max_len=64, path="static")
+        return generate(session, decoder, Request(prompt, params, max_tokens=12)).tokens
+    want = run(PlainDecoder(), SamplingParams())
+    saved = ops.model_kernels
+    ops.model_kernels = lambda x, name: module if name == "sampling" else None
+    try:
+        for make in (PlainDecoder, lambda: SpeculativeDecoder(DFlashProposer(dflash)),
+                     lambda: SpeculativeDecoder(Eagle3Proposer(eagle3))):
+            got = run(make(), SamplingParams(temperature=1e-4, top_p=0.95, top_k=20, seed=1))
+            assert got == want, (got, want)
+    finally:
+        ops.model_kernels = saved
+    assert calls.get("filtered", 0) >= 12 and calls.get("accept", 0) >= 2, calls
+    print("ok", calls)
+""")
+
+
+def test_the_sampler_with_its_kernels_is_wired_as_the_torch_path():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", DISPATCH], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
