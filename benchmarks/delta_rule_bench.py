@@ -1,7 +1,9 @@
 """GPU: the Gated DeltaNet kernels (kernels/delta_rule.py) against the torch reference they replace
 (layers/delta_rule.py, RecurrentState.fold) at Qwen3.5-4B's shapes, every layer of a step in one CUDA graph.
 
-python benchmarks/delta_rule_bench.py [--layers 24] [--rows 16] [--accepted 7] [--reps 50] [--json F]
+python benchmarks/delta_rule_bench.py [--layers 24] [--rows 16] [--accepted 7] [--reps 50] [--model qwen3.5-4b]
+                                      [--ctx 1024] [--json F]
+python benchmarks/delta_rule_bench.py --device cpu --layers 2 --reps 2 --model qwen3.5-0.8b --ctx 32   # smoke run
 
 First a check on the GPU (bf16 activations like the model's, float32 state): the kernels' outputs, states, kept rows
 and fold against the reference's (relative errors printed; it stops where one is off). Then, for the torch path and
@@ -16,6 +18,13 @@ the kernels, µs per step over all layers (a graph replay, CUDA events) of
 
 with GB/s against the state bytes each must move (decode rows: read S0, write S; verify rows: read S0; fold: read S0,
 write S; begin: read S, write S0), beside a plain copy of the state (the bandwidth floor).
+
+Last, the rewind against the step it belongs to (issue 48: the rewind adds <= 3% to a verify): a random target of
+--model (synthetic shapes), prefilled with --ctx tokens, its verify step of --rows rows as the engine replays it (held
+forward, greedy verdict, the fold of the accepted rows inside), and its fold alone (all its DeltaNet layers, a graph of
+its own), as a share of that step.
+
+--device cpu: a smoke run of the torch path (no kernels, no check, no graphs: wall-clock µs of plain calls).
 """
 
 from __future__ import annotations
@@ -24,12 +33,16 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from dflash_cli.errors import DflashError  # noqa: E402
 from dflash_cli.layers import delta_rule, ops  # noqa: E402
 from dflash_cli.layers.recurrent_state import RecurrentState  # noqa: E402
+from dflash_cli.loading.config import Qwen35Config  # noqa: E402
+from dflash_cli.synthetic import random_target, target_config  # noqa: E402
 
 MAX_ROWS = 32  # what a forward keeps (models/qwen35.MAX_KEPT_ROWS)
 
@@ -45,9 +58,13 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=16, help="rows of a verify (1..32)")
     ap.add_argument("--accepted", type=int, default=7, help="the fold's n (0..rows-1)")
     ap.add_argument("--reps", type=int, default=50, help="graph replays per timing")
+    ap.add_argument("--model", default="qwen3.5-4b", help="the synthetic hybrid target whose verify step the fold is "
+                    "weighed against ('none': skip)")
+    ap.add_argument("--ctx", type=int, default=1024, help="that verify's context (prompt tokens before it)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke run of the torch path")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    for name in ("layers", "k_heads", "v_heads", "dk", "dv", "reps"):
+    for name in ("layers", "k_heads", "v_heads", "dk", "dv", "reps", "ctx"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.v_heads % args.k_heads:
@@ -58,6 +75,13 @@ def parse(argv=None) -> argparse.Namespace:
         ap.error(f"--rows must be in 1..{MAX_ROWS}")
     if not 0 <= args.accepted < args.rows:
         ap.error("--accepted must be in 0..rows-1")
+    if args.model != "none":
+        try:
+            hybrid = isinstance(target_config(args.model), Qwen35Config)
+        except DflashError as e:
+            ap.error(str(e))
+        if not hybrid:
+            ap.error(f"--model {args.model} is not a hybrid target (no recurrent state to fold)")
     return args
 
 
@@ -82,6 +106,7 @@ class Layers:
         self.state.conv.copy_(torch.randn_like(self.state.conv))
         self.state.begin(0)
         self.n = torch.tensor([a.accepted], device=device)
+        self.start = torch.zeros(1, dtype=torch.long, device=device)  # a graph's forward start: in device memory
 
     def parts(self, layer: int, t: int):
         x, z, b, a = self.proj[layer][:t].split([self.C, self.hv * self.dv, self.hv, self.hv], dim=-1)
@@ -120,7 +145,7 @@ class Layers:
             out["fold"] = lambda: self.state.fold(self.n, t)
             out["layer+fold"] = lambda: (out["layer"](), self.state.fold(self.n, t))
         else:
-            out["begin"] = self.state.begin
+            out["begin"] = lambda: self.state.begin(self.start)
         return out
 
 
@@ -146,6 +171,47 @@ def graph_us(fn, reps: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / reps
+
+
+def wall_us(fn, reps: int) -> float:
+    """µs per plain call of fn (the CPU's smoke run), after a warm-up call."""
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) * 1e6 / reps
+
+
+def calls_us(fn, reps: int) -> float:
+    """µs per call of fn, which replays graphs of its own (a graph cannot capture their replays): CUDA events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / reps
+
+
+def verify_share(a: argparse.Namespace, device: torch.device) -> dict:
+    """The fold against the verify step it ends: a random target of the entry a.model (bf16), prefilled with a.ctx
+    tokens; the step of a.rows rows as runtime/graphs replays it (greedy verdict and fold inside), the fold of all
+    its DeltaNet layers after row a.accepted alone (a graph of its own). µs."""
+    from dflash_cli.runtime.graphs import target_graphs
+
+    model = random_target(a.model, device, torch.bfloat16)
+    cache = model.new_cache(a.ctx + 64)
+    model.forward(torch.randint(0, 1000, (a.ctx,), device=device), 0, cache)
+    cuda = device.type == "cuda"
+    graphs = target_graphs(model, cache, use_graphs=cuda)
+    n = torch.tensor([a.accepted], device=device)
+    verify = (calls_us if cuda else wall_us)(lambda: graphs(list(range(a.rows)), a.ctx, (), True, True), a.reps)
+    fold = (graph_us if cuda else wall_us)(lambda: model.commit_rows(cache, n, a.rows), a.reps)
+    return {"model": a.model, "ctx": a.ctx, "rows": a.rows, "deltanet_layers": cache.state.S.shape[0],
+            "verify_us": verify, "fold_us": fold, "fold_share": fold / verify}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -181,29 +247,35 @@ def check(m: Layers, t: int) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    if not torch.cuda.is_available():
-        print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU (--device cpu: a smoke run of the torch path)", file=sys.stderr)
         return 2
-    device = torch.device("cuda")
     m = Layers(args, device)
-    if not ops.model_kernels(m.state.S, "delta_rule"):
+    if cuda and not ops.model_kernels(m.state.S, "delta_rule"):
         print("error: the Triton kernels are unavailable (triton missing, or the `kernels` knob is off)", file=sys.stderr)
         return 2
+    timer = graph_us if cuda else wall_us
     state_bytes = m.state.S.numel() * 4
-    report = {"device": torch.cuda.get_device_name(), "args": vars(args), "state_MiB": state_bytes / 2**20}
-    errs = check(m, args.rows)
-    report["check"] = errs
-    print(f"{report['device']}: {args.layers} layers, S {state_bytes / 2**20:.0f} MiB; check (rel. errors): "
-          + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
-    # bf16 roundings may land on the other side (the conv's summation order, β = sigmoid(b) rounded to bf16 from a
-    # slightly different exp): a bf16 step, ~4e-3, in a few values. A wrong kernel is off by far more.
-    loose = {"conv": 1e-2, "norm": 1e-2, "rows_o": 1e-2, "rows_S": 1e-2, "kept_delta": 1e-2}
-    bad = [k for k, v in errs.items() if not v <= loose.get(k, 1e-4)]
-    if bad:
-        print(f"error: the kernels disagree with the reference: {', '.join(bad)}", file=sys.stderr)
-        return 1
+    report = {"device": torch.cuda.get_device_name() if cuda else "cpu", "args": vars(args),
+              "state_MiB": state_bytes / 2**20}
+    head = f"{report['device']}: {args.layers} layers, S {state_bytes / 2**20:.0f} MiB"
+    if cuda:
+        errs = check(m, args.rows)
+        report["check"] = errs
+        print(f"{head}; check (rel. errors): " + " ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+        # bf16 roundings may land on the other side (the conv's summation order, β = sigmoid(b) rounded to bf16 from
+        # a slightly different exp): a bf16 step, ~4e-3, in a few values. A wrong kernel is off by far more.
+        loose = {"conv": 1e-2, "norm": 1e-2, "rows_o": 1e-2, "rows_S": 1e-2, "kept_delta": 1e-2}
+        bad = [k for k, v in errs.items() if not v <= loose.get(k, 1e-4)]
+        if bad:
+            print(f"error: the kernels disagree with the reference: {', '.join(bad)}", file=sys.stderr)
+            return 1
+    else:
+        print(f"{head}; the torch path alone (wall clock, no kernels, no graphs)")
     copy = torch.empty_like(m.state.S)
-    floor = graph_us(lambda: copy.copy_(m.state.S), args.reps)
+    floor = timer(lambda: copy.copy_(m.state.S), args.reps)
     report["copy_state_us"] = floor
     print(f"copy of the state (read + write {2 * state_bytes / 2**20:.0f} MiB): {floor:.1f} us, "
           f"{2 * state_bytes / floor / 1e3:.0f} GB/s")
@@ -212,19 +284,21 @@ def main(argv=None) -> int:
     print(f"{'step':8} {'part':11} {'torch us':>9} {'kernel us':>9} {'speedup':>7} {'GB/s':>6}")
     report["timings"] = []
     for label, t, hold in (("decode", 1, False), (f"verify{args.rows}", args.rows, True)):
-        paths = {}
         with ops.reference_only():
-            paths["torch"] = m.steps(t, hold)
-            times_ref = {name: graph_us(fn, args.reps) for name, fn in paths["torch"].items()}
-        fns = m.steps(t, hold)
-        times = {name: graph_us(fn, args.reps) for name, fn in fns.items()}
-        for name in fns:
+            times_ref = {name: timer(fn, args.reps) for name, fn in m.steps(t, hold).items()}
+        times = {name: timer(fn, args.reps) for name, fn in m.steps(t, hold).items()} if cuda else {}
+        for name, ref in times_ref.items():
+            us = times.get(name)
             units = moved.get((name, hold))
-            gbs = units * state_bytes / times[name] / 1e3 if units else None
-            print(f"{label:8} {name:11} {times_ref[name]:9.1f} {times[name]:9.1f} {times_ref[name] / times[name]:6.1f}x"
-                  f" {'' if gbs is None else f'{gbs:6.0f}'}")
-            report["timings"].append({"step": label, "part": name, "torch_us": times_ref[name],
-                                      "kernel_us": times[name], "state_GBs": gbs})
+            gbs = units * state_bytes / (us or ref) / 1e3 if units else None  # the kernel's (the CPU: torch's)
+            print(f"{label:8} {name:11} {ref:9.1f} " + (f"{us:9.1f} {ref / us:6.1f}x" if us else f"{'-':>9} {'-':>7}")
+                  + f" {'' if gbs is None else f'{gbs:6.0f}'}")
+            report["timings"].append({"step": label, "part": name, "torch_us": ref, "kernel_us": us, "state_GBs": gbs})
+    if args.model != "none":
+        v = report["verify"] = verify_share(args, device)
+        print(f"{args.model}: verify step of {args.rows} rows at ctx {args.ctx} {v['verify_us']:.1f} us (verdict and "
+              f"fold inside); its fold alone ({v['deltanet_layers']} DeltaNet layers, n {args.accepted}) "
+              f"{v['fold_us']:.1f} us = {100 * v['fold_share']:.1f}% of the step (issue 48: <= 3%)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -13,8 +13,8 @@ exec > >(tee "$OUT/all.log") 2>&1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout 240 python -m pytest -q -m gpu -s tests/gpu -p no:cacheprovider \
   -k "${PYTEST_K:-dflash2 or hybrid or sliding or sampl}"
-timeout 90 python benchmarks/delta_rule_bench.py --json "$OUT/delta_rule.json"
-REPLAYS_ONLY=1 timeout 120 python benchmarks/step_profile.py 2>&1 | grep -v Warn
+timeout 240 python benchmarks/delta_rule_bench.py --json "$OUT/delta_rule.json"
+REPLAYS_ONLY=1 timeout 180 python benchmarks/step_profile.py 2>&1 | grep -v Warn
 synthetic() {  # name model drafts
   echo "=== bench $1: $2 --draft $3, forced τ 6, ctx 1024"
   timeout 120 python -m dflash_cli bench --model "$2" --synthetic --synthetic-tau 6 --draft "$3" \

@@ -1,8 +1,9 @@
 """GPU: where a decode step's time goes. Random Qwen3-4B shapes, bf16, context 1024.
 
 Times graph replays of the decode step (1 row) and a 16-row verify, and DFlash 2's draft step against DFlash's of the
-same block (greedy and sampled), then profiles the same static forwards run eagerly (kernel durations, not launch
-gaps) and the DFlash and DFlash 2 drafts, listing kernels by total time per step.
+same block (greedy and sampled, selector on and off, then DFlash 2's additions one by one), then profiles the same
+static forwards run eagerly (kernel durations, not launch gaps) and the DFlash and DFlash 2 drafts, listing kernels by
+total time per step.
 Last, whole forced-acceptance DFlash and EAGLE-3 steps as the bench runs them (graphs): wall time per step against the
 time the GPU is busy, so the host's share of a step (launches, the one sync, Python) is measured.
 REPLAYS_ONLY=1 stops after the graph replays (for A/B runs of a switch); STEPS_ONLY=1 adds, after them, the wall
@@ -193,10 +194,70 @@ def spec_steps(model, proposer, label, tau=6.0, new=128):
     decode_steps(model, forced_decoder(model, proposer, tau, new), f"{label} steps (graphs, forced tau {tau})", new)
 
 
+def graph_ms(fn, count: int = 1) -> float:
+    """ms per replay of a CUDA graph of `count` calls of fn (a warm-up call on a side stream first: compiles)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(count):
+            fn()
+    return replay_ms(g.replay)
+
+
+def dflash2_pieces(d2, added: float):
+    """DFlash 2's additions to a draft step one by one at the drafter's shapes (its block's rows), each a CUDA graph
+    of as many calls as a step makes, against `added` ms (the replays' greedy DFlash 2 - DFlash)."""
+    from dflash_cli.layers import ops
+    from dflash_cli.models.dflash2 import CandidateSelector, convolve
+    from dflash_cli.runtime import sampling
+
+    c, m, sel = d2.c, d2.cfg, d2.selector
+    dev, dt = sel.projection.device, sel.projection.dtype
+    rows, hidden, subs, eps = d2.block_size, m.hidden_size, 2 * m.num_hidden_layers, m.rms_norm_eps
+    x = torch.randn(rows, hidden, device=dev).to(dt)
+    conv, norm = d2.convs[0][0], d2.layers[0].post_norm
+    delta = ops.linear(x, conv.projection).view(rows, 2, c.kernel_size, -1)
+    logits = d2.normed_logits(x[1:])
+    anchor = torch.tensor([5], device=dev)
+    candidates, scores = sel.scores(x[1:], logits, anchor)
+    temperature = sampling.sampler(dev).temperature  # sampling.begin set it (0.7)
+    # the draws as the proposer's (race's default generator): the kernel's noise at once, the torch walk's row by row
+    draw, noise = (lambda q: sampling.race(q, None)), (lambda shape: sampling.race_noise(shape, dev, None))
+    pieces = (  # (label, calls per step, the call, whether a greedy step's sum counts it)
+        (f"conv corrections: {subs} x product [{rows}, {hidden}] -> {delta[0].numel()}", subs,
+         lambda: ops.linear(x, conv.projection), True),
+        (f"input convs ({c.kernel_size} taps, {c.groups} groups): {subs} x", subs,
+         lambda: convolve(x, delta[:, 0], conv.base[0]), True),
+        (f"output convs + residual add + next norm: {subs} x", subs,
+         lambda: conv.finish(x, delta[:, 1], x, norm, eps), True),
+        ("the first layer's norm (unfolded)", 1, lambda: ops.rms_norm(x, norm, eps), True),
+        (f"selector scores: top-{sel.top_k}, projection to rank {sel.projection.shape[0]}, the product", 1,
+         lambda: sel.scores(x[1:], logits, anchor), True),
+        (f"  of which the top-{sel.top_k} of [{rows - 1}, {logits.shape[1]}] logits", 1,
+         lambda: torch.topk(logits, sel.top_k, dim=-1), False),
+        ("selector walk, greedy", 1, lambda: CandidateSelector.walk(candidates, scores), True),
+        ("selector walk, sampled (its noise drawn)", 1,
+         lambda: CandidateSelector.walk(candidates, scores, temperature, draw, noise), False),
+    )
+    print(f"DFlash 2's additions alone (CUDA graphs, a step's calls, {rows} rows, H {hidden}):")
+    greedy = 0.0
+    for label, count, fn, summed in pieces:
+        ms = graph_ms(fn, count)
+        greedy += ms if summed else 0.0
+        print(f"  {ms * 1000:7.1f} us  {label}")
+    print(f"  {greedy * 1000:7.1f} us  the greedy step's pieces together; DFlash 2 - DFlash in the replays: "
+          f"{added * 1000:.1f} us")
+
+
 def dflash2_draft_costs(model, hidden, dflash, eager=False):
     """DFlash 2's draft step against DFlash's of the same block and depth (issue 46: within 1.15x), as graph
     replays of the proposers' steps: greedy (DFlash: its logits' argmax after the graph) and sampled at T = 0.7
-    (drafts drawn, q rows written), DFlash 2 with its candidate selector and without (its convolutions alone).
+    (drafts drawn, q rows written), DFlash 2 with its candidate selector and without (its convolutions alone);
+    then its additions one by one (dflash2_pieces).
     eager: also the kernels of each DFlash 2 step run eagerly on the static path (launches per step)."""
     from dflash_cli.runtime import sampling
     from dflash_cli.runtime.drafters.dflash import DFlashProposer
@@ -216,19 +277,24 @@ def dflash2_draft_costs(model, hidden, dflash, eager=False):
         return run
 
     cases = (("DFlash", "dflash", True), ("DFlash 2", "dflash2", True), ("DFlash 2, selector off", "dflash2", False))
-    base = {}
+    times = {}
     for label, kind, selector in cases:
         run = proposer(kind, selector)
-        times = [replay_ms(lambda: run.propose(5, k, params, None)) for params in (greedy, hot)]
-        base.setdefault("greedy", times[0])
-        base.setdefault("sampled", times[1])
-        print(f"graph replay: {label} draft of {k} rows: greedy {times[0]:.3f} ms "
-              f"({times[0] / base['greedy']:.2f}x DFlash), sampled {times[1]:.3f} ms "
-              f"({times[1] / base['sampled']:.2f}x DFlash)")
+        times[label] = [replay_ms(lambda: run.propose(5, k, params)) for params in (greedy, hot)]
+        base = times["DFlash"]
+        print(f"graph replay: {label} draft of {k} rows: greedy {times[label][0]:.3f} ms "
+              f"({times[label][0] / base[0]:.2f}x DFlash), sampled {times[label][1]:.3f} ms "
+              f"({times[label][1] / base[1]:.2f}x DFlash)")
+    on, off, base = times["DFlash 2"], times["DFlash 2, selector off"], times["DFlash"]
+    print(f"DFlash 2 over DFlash: greedy {on[0] - base[0]:+.3f} ms (the selector {on[0] - off[0]:+.3f}, the rest "
+          f"{off[0] - base[0]:+.3f}), sampled {on[1] - base[1]:+.3f} ms (the selector {on[1] - off[1]:+.3f}, the rest "
+          f"{off[1] - base[1]:+.3f}); issue 46: within 1.15x")
+    d2.use_selector = True
+    dflash2_pieces(d2, on[0] - base[0])
     if eager:
         for params, mode in ((greedy, "greedy"), (hot, "sampled")):
             run = proposer("dflash2", path="static")
-            profile(lambda: run.propose(5, k, params, None), 5, f"DFlash 2 draft, {mode} (eager static)")
+            profile(lambda: run.propose(5, k, params), 5, f"DFlash 2 draft, {mode} (eager static)")
     d2.use_selector = True
 
 

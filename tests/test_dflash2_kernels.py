@@ -3,6 +3,7 @@ interpreter (in a subprocess: TRITON_INTERPRET must be set before kernels are de
 selector's scores and its walk, greedy and sampled. Skipped where triton is not installed (a CUDA extra)."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -165,3 +166,22 @@ def test_dflash2_drafter_with_its_kernels_gives_the_torch_drafts():
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", DISPATCH], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_dflash2_convolutions_compile_without_fused_products():
+    """The interpreter cannot show the GPU's roundings: the convolutions compiled for sm_90 (no GPU needed) must
+    round each tap's product as torch does, i.e. hold no fused multiply-add (kernels/dflash2.NO_FMA)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile
+
+    from dflash_cli.kernels import dflash2 as kernel
+
+    for fn, const in ((kernel._dynamic_conv_kernel, dict(GROUP=16, TAPS=2, BLOCK_T=8, BLOCK_C=128, RESIDUAL=True)),
+                      (kernel._conv_add_rms_norm_kernel, dict(GROUP=16, TAPS=2, BLOCK=4096))):
+        const["PDL"] = False
+        names = fn.arg_names
+        sig = {n: "constexpr" if n in const else "fp32" if n == "eps" else "i32" if n[0] in "TH" or "stride" in n
+               else "*bf16" for n in names}
+        src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(n),): v for n, v in const.items()})
+        ptx = compile(src, target=GPUTarget("cuda", 90, 32), options=kernel.NO_FMA).asm["ptx"]
+        assert not re.search(r"\bfma\.", ptx), fn.__name__

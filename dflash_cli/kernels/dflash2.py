@@ -26,6 +26,10 @@ from .pdl import launch_options, start as pdl_start
 
 CONV_CHANNELS = 128  # channels per program of the convolution (Qwen3-4B's drafter: 20 programs)
 CONV_MAX_ROWS = 32  # block rows one convolution program holds
+# The convolutions compile without FP contraction: LLVM narrows their float32 ops to bf16 ones (exact: each rounds
+# once, as torch's), then fuses a tap's product into the next add (fma.rn.bf16), skipping the product's rounding
+# (13% of outputs one bf16 ulp off the reference on an H200).
+NO_FMA = {"enable_fp_fusion": False}
 TINY = tl.constexpr(1.1754943508222875e-38)  # torch.finfo(torch.float32).tiny: race's floor on the noise
 
 
@@ -84,7 +88,7 @@ def dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, resid
     _dynamic_conv_kernel[(triton.cdiv(h, CONV_CHANNELS),)](
         x, delta, base, r, out, rows, h, x.stride(0), delta.stride(0), delta.stride(1), r.stride(0),
         GROUP=h // groups, TAPS=taps, BLOCK_T=max(2, triton.next_power_of_2(rows)), BLOCK_C=CONV_CHANNELS,
-        RESIDUAL=residual is not None, **launch_options(x.device))
+        RESIDUAL=residual is not None, **NO_FMA, **launch_options(x.device))
     return out
 
 
@@ -119,7 +123,7 @@ def conv_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, 
     block = triton.next_power_of_2(h)
     _conv_add_rms_norm_kernel[(rows,)](x, delta, base, residual, weight, h_out, x_out, h, x.stride(0),
                                        delta.stride(0), delta.stride(1), residual.stride(0), eps, GROUP=h // groups,
-                                       TAPS=taps, BLOCK=block, num_warps=8 if block >= 8192 else 4,
+                                       TAPS=taps, BLOCK=block, num_warps=8 if block >= 8192 else 4, **NO_FMA,
                                        **launch_options(x.device))
     return h_out, x_out
 
