@@ -53,6 +53,10 @@ HYBRID = isinstance(target_config(MODEL), Qwen35Config)
 MODES = os.environ.get("MODES", ",".join(["none", *DRAFTERS] + (["mtp"] if HYBRID else []))).split(",")
 TEMPS = [float(t) for t in os.environ.get("TEMPS", "0,0.6").split(",")]
 DEMO = REPO / "dflash_cli" / "demo" / "target"
+# Every command runs with its bytecode cached, as after `pip install` (which compiles it): the lent machine's
+# site-packages has none, and compiling torch's modules took 2.7 s of each start-up (cProfile, H200, 2026-11-28).
+ENV = dict(os.environ, PYTHONPYCACHEPREFIX=str(ROOT / "pycache"))
+ENV.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def write(folder: Path, config: dict, tensors: dict) -> None:
@@ -107,12 +111,13 @@ def draft(mode: str) -> str:
     return mode if mode in ("none", "mtp") else str(ROOT / mode)
 
 
-def generate(mode: str, temp: float, prompt_file: Path, tau: float | None = None) -> dict:
+def generate(mode: str, temp: float, prompt_file: Path, tau: float | None = None,
+             max_tokens: int = MAX_TOKENS) -> dict:
     cmd = [sys.executable, "-m", "dflash_cli", "generate", "--model", str(ROOT / "target"), "--draft", draft(mode),
-           "--prompt-file", str(prompt_file), "--max-tokens", str(MAX_TOKENS), "--seed", "0", "--json",
+           "--prompt-file", str(prompt_file), "--max-tokens", str(max_tokens), "--seed", "0", "--json",
            "--no-repeat-guard",
            *sampling(temp)]
-    env = dict(os.environ, **({"DFLASH_FORCE_TAU": str(tau)} if tau else {}))
+    env = dict(ENV, **({"DFLASH_FORCE_TAU": str(tau)} if tau else {}))
     t0 = time.time()
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     wall = time.time() - t0
@@ -130,7 +135,8 @@ def profile_startup(prompt_file: Path) -> None:
     cumulative and by own time (the GPU's asynchronous work shows at the first synchronising call)."""
     base = ["-m", "dflash_cli", "generate", "--model", str(ROOT / "target"), "--draft", "none", "--prompt-file",
             str(prompt_file), "--max-tokens", "16", "--json", "--no-repeat-guard"]
-    out = subprocess.run([sys.executable, "-X", "importtime", *base], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-X", "importtime", *base], cwd=REPO, capture_output=True, text=True,
+                         env=ENV)
     rows = []
     for line in out.stderr.splitlines():
         if line.startswith("import time:") and "|" in line and "cumulative" not in line:
@@ -139,7 +145,7 @@ def profile_startup(prompt_file: Path) -> None:
     print("\nslowest imports (cumulative ms):", ", ".join(f"{n.strip()} {c / 1e3:.0f}" for c, n in
                                                       sorted(rows, reverse=True)[:20]))
     prof = Path(os.environ.get("OUT", ROOT)) / "startup.prof"
-    subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), *base], cwd=REPO, capture_output=True)
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), *base], cwd=REPO, capture_output=True, env=ENV)
     import pstats
     for key in ("cumulative", "tottime"):
         print(f"\ncProfile of a plain generate, by {key}:")
@@ -152,7 +158,7 @@ def chat(mode: str, temp: float, turns: int = 5, tokens: int = 200) -> list[tupl
     script = "".join(f"message {i}: {prompt()}\n/stats\n" for i in range(turns))
     cmd = [sys.executable, "-m", "dflash_cli", "chat", str(ROOT / "target"), "--draft", draft(mode),
            "--max-tokens", str(tokens), "--seed", "0", "--no-repeat-guard", *sampling(temp)]
-    out = subprocess.run(cmd, cwd=REPO, input=script, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(cmd, cwd=REPO, input=script, capture_output=True, text=True, timeout=300, env=ENV)
     text = out.stdout + out.stderr
     speeds = [float(line.split(" tok/s")[0].split("·")[-1]) for line in text.splitlines() if "last answer:" in line]
     ttfts = [float(line.split("first token ")[1].split(" ms")[0]) for line in text.splitlines()
@@ -178,7 +184,7 @@ def forced_bench(mode: str, tau: float) -> float | None:
 def run_bench(mode: str, report: Path, label: str, args: list[str]) -> float | None:
     """`dflash bench ARGS` of MAX_TOKENS tokens: the mode's decode tok/s from its JSON report (None: it failed)."""
     cmd = [sys.executable, "-m", "dflash_cli", "bench", *args, "--max-tokens", str(MAX_TOKENS), "--json", str(report)]
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400, env=ENV)
     if out.returncode != 0:
         print(f"  bench {mode} {label}: {out.stderr.strip().splitlines()[-1:]}")
         return None
@@ -202,6 +208,9 @@ def main() -> None:
     prompts.write_text(json.dumps({"prompt": text}) + "\n")
     first = generate("none", 0.0, prompt_file)  # the bare machine's first run: it compiles the kernels
     print(f"first run (kernel caches cold): {first}")
+    for temp in TEMPS:  # every mode's kernels compiled and its bytecode written once: the table's runs are warm
+        for mode in MODES:
+            generate(mode, temp, prompt_file, max_tokens=16)
     if os.environ.get("PROFILE", "1") == "1":
         profile_startup(prompt_file)
     rows = []

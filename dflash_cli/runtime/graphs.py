@@ -289,14 +289,21 @@ class Graphs:
         if self.after_warmup is not None:
             self.after_warmup()
         carveout.apply()  # one L1 / shared split for every kernel of the step, before the capture
-        # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a
-        # capture, its teardown would invalidate the capture. Collect first, and not during.
-        gc.collect()
+        # Graphs of dropped sessions sit in reference cycles; if the cyclic GC freed one during a capture, its
+        # teardown would invalidate the capture: no collection during it (warmup.capture_all collects before).
+        # Captured on the side stream by hand: torch.cuda.graph would also synchronise and empty the allocator's
+        # cache at every capture, and the load captures several in a row.
         graph = torch.cuda.CUDAGraph()
         gc.disable()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                step.out = self._run(step, key)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                graph.capture_begin(pool=self.pool)
+                try:
+                    step.out = self._run(step, key)
+                finally:
+                    graph.capture_end()
+            torch.cuda.current_stream(dev).wait_stream(side)
         finally:
             gc.enable()
         step.graph = graph

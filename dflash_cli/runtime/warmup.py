@@ -8,6 +8,7 @@ generations (the session starts over at length 0), and the drafter resets with t
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ def capture_all(session: Session, decoder, modes: list[SamplingParams]) -> tuple
     if session.fast is None:
         return 0, 0.0
     t0, (_, before, _) = time.perf_counter(), Totals.snapshot()
+    gc.collect()  # graphs of dropped sessions (chat's /set draft) give their memory back before new ones are made
     block = getattr(decoder, "draft_len", 0) + 1
     tokens = min(BLOCKS * block + 2, session.max_len - MAX_ROWS - block - 1)  # clear of the cache's end
     if tokens >= 1:
