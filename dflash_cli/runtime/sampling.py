@@ -22,6 +22,10 @@ from ..layers.spans import MAX_STEP_ROWS
 K_MAX = 64
 MAX_ROWS = MAX_STEP_ROWS  # rows of a drafter's q buffer: the most rows of any step
 NO_LIMIT = 1 << 40  # top_k = 0 on the device
+# Rows filtered by kernels/sampling up to this vocabulary (a draft head's): H200, in graphs, 1 x 32,000 took 16 µs
+# against torch's 53; at a target's 151,936 its one program a row over 74 chunks' candidates lost (16 rows: 103 µs
+# against 81). Its verdict wins at any vocabulary (docs/TUNING.md).
+KERNEL_VOCAB = 32768
 
 
 @dataclass(frozen=True)
@@ -198,9 +202,10 @@ def filtered_draw(logits: torch.Tensor, mode: str, s: Sampler, out: Filtered | N
     return draw(rows, s.gen), rows
 
 
-def _kernels(logits: torch.Tensor, mode: str):
-    """kernels/sampling where it runs these rows (the top-k mode, CUDA, the kernels on, their shapes), else None."""
-    if mode != TOP_K:
+def _kernels(logits: torch.Tensor, mode: str, verdict: bool = False):
+    """kernels/sampling where it runs these rows (the top-k mode, CUDA, the kernels on, their shapes), else None;
+    its filtered rows only up to KERNEL_VOCAB tokens (verdict: its acceptance, at any vocabulary)."""
+    if mode != TOP_K or (not verdict and logits.shape[-1] > KERNEL_VOCAB):
         return None
     kernels = ops.model_kernels(logits, "sampling")
     return kernels if kernels is not None and kernels.fits(logits, K_MAX) else None
@@ -283,7 +288,7 @@ def verdict(ids: torch.Tensor, logits: torch.Tensor, mode: str, feed=None) -> to
     k = ids.shape[0] - 1
     vocab = logits.shape[-1]
     p, q = filtered(logits, mode, s), s.q(mode, vocab)
-    kernels = _kernels(logits, mode)
+    kernels = _kernels(logits, mode, verdict=True)
     if kernels is not None and ids.is_contiguous():
         out = kernels.accept(ids, q.ids, q.probs, p.ids, p.probs)
     else:
