@@ -406,3 +406,53 @@ def test_capture_at_load_leaves_no_shape_for_the_generations(models, dflash2, ki
     # a later turn: a short message after the first answer
     generate(session, dec, Request(list(range(40, 45)), GREEDY, 60))
     assert graphs.Totals.shapes == before
+
+
+@pytest.mark.parametrize("kind", ["none", "dflash", "eagle3", "dflash2"])
+def test_after_load_no_prompt_or_turn_attends_eagerly(models, dflash2, kind, monkeypatch):
+    """After warmup.prepare, neither a fresh prompt nor a chat turn's new rows (more than one graph's rows included)
+    run the eager attention (ops.attention): on the GPU that is SDPA, which builds a cuDNN plan for each new shape
+    before the first token (an EAGLE-3 prompt absorbed eagerly: 50 ms to 1.4 s a shape on an H200). Every turn
+    answers as plain greedy decoding does."""
+    from dflash_cli.layers import ops
+    from dflash_cli.runtime.warmup import prepare
+
+    target = models[0]
+    session = Session(target, 400, path="static")
+    dec = PlainDecoder() if kind == "none" else speculative(kind, models, dflash2)
+    prepare(session, dec, GREEDY)
+    calls = []
+    real = ops.attention
+    monkeypatch.setattr(ops, "attention", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    before = graphs.Totals.shapes
+    turns = [list(range(30, 30 + n)) for n in (9, 21, 45)]  # a fresh prompt, then turns after each answer
+    answers = [generate(session, dec, Request(ids, GREEDY, 20)).tokens for ids in turns]
+    assert calls == [] and graphs.Totals.shapes == before
+    monkeypatch.setattr(ops, "attention", real)
+    plain = Session(target, 400, path="eager")
+    assert answers == [generate(plain, PlainDecoder(), Request(ids, GREEDY, 20)).tokens for ids in turns]
+
+
+@pytest.mark.parametrize("sizes", [(45, 21), (1, 33), (32, 1)])
+def test_a_chained_drafter_absorbs_in_padded_chunks_as_it_does_eagerly(models, sizes):
+    """The graph path absorbs a prompt and a turn's rows MAX_ROWS at a time, the last chunk padded, and position 0
+    apart: the chain then drafts from the same states as after the eager absorb."""
+    target, _, eagle = models
+    ids = list(range(20, 20 + sum(sizes) + 3))
+    hidden = Session(target, 300).forward(ids, capture=eagle.capture).hidden  # the same states for both paths
+    chains = {}
+    for path in ("eager", "static"):
+        p = Eagle3Proposer(eagle)
+        p.reset(300, path)
+        rows = []
+        start = 0
+        for n in sizes:
+            p.absorb(hidden[start : start + n], start, ids[start : start + n])
+            start += n
+            pos, state = p.first_state()
+            for i, token in enumerate(ids[start : start + 3]):  # the chain, fed the next tokens
+                logits, state = p.chain_step(pos + i, state, token)
+                rows.append(logits)
+        assert (p.committed, p.rows) == (start, start - 1)
+        chains[path] = torch.stack(rows)
+    assert torch.allclose(chains["static"], chains["eager"], rtol=1e-4, atol=1e-4)

@@ -18,7 +18,7 @@ import torch
 
 from ...layers import ops
 from ...layers.spans import Span, StaticSpan
-from ..graphs import MAX_ROWS, Graphs, upload
+from ..graphs import MAX_ROWS, Graphs, host_ids, upload
 from .. import sampling
 from ..sampling import SamplingParams
 from .base import Drafter
@@ -67,6 +67,9 @@ class ChainProposer(Drafter):
         """Target states for positions [start, start+m) and the tokens at those positions."""
         if start != self.committed:
             raise RuntimeError(f"{self.kind} drafter out of step: has {self.committed}, got rows from {start}")
+        if self.fast_absorb is not None:
+            self._absorb_chunks(hidden, start, tokens)
+            return
         m = hidden.shape[0]
         self.fused[start : start + m] = self.model.fuse(hidden)
         self.committed = start + m
@@ -145,6 +148,25 @@ class ChainProposer(Drafter):
         m = hidden.shape[0]
         self.next_ids[:m].copy_(ids, non_blocking=True)
         self.fast_absorb(hidden, start)
+
+    def _absorb_chunks(self, hidden: torch.Tensor, start: int, tokens: list[int]) -> None:
+        """absorb on the absorb graph (a prompt, a chat turn's new rows): MAX_ROWS rows at a time, the last chunk
+        padded, so every prompt meets the one shape captured at load. Eager, each prompt was a new attention shape,
+        and SDPA built a cuDNN plan for it before the first token (H200: 50 ms to 1.4 s a shape). The padding's rows
+        sit past the committed end, where the chain and later absorbs write before anything reads them."""
+        end = start + hidden.shape[0]
+        if start == 0:  # position 0 has no row before it: only its state is kept
+            self.fused[:1] = self.model.fuse(hidden[:1])
+            hidden, tokens, start = hidden[1:], tokens[1:], 1
+        dev = self.model.device
+        for at in range(0, hidden.shape[0], MAX_ROWS):
+            part = hidden[at : at + MAX_ROWS]
+            n = part.shape[0]
+            if n < MAX_ROWS:
+                part = torch.nn.functional.pad(part, (0, 0, 0, MAX_ROWS - n))
+            self.next_ids.copy_(host_ids(tokens[at : at + n] + [0] * (MAX_ROWS - n), dev), non_blocking=True)
+            self.fast_absorb(part, start + at)
+        self.committed, self.rows = end, end - 1
 
     def _absorb_rows(self, hidden: torch.Tensor, positions: torch.Tensor, window: int) -> None:
         """absorb on device positions [start, start + m) (start >= 1): fused rows at the positions, drafter rows at
