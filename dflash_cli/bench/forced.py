@@ -121,7 +121,10 @@ def forced_generate(session, decoder: SpeculativeDecoder, prompt: list[int], max
     target's greedy continuation of `prompt`, which `decoder` generates first (greedy speculative output is the plain
     one). Then the forced decoder runs once untimed, as the bench's warm-up repetition does, so that the timed run
     launches nothing for the first time in the process (the forced acceptance's one-row argmax is a Triton
-    specialisation no other step uses). The session is given back empty."""
+    specialisation no other step uses), and that argmax takes the step's L1 / shared split (kernels/carveout.py): a
+    capture sets it on every kernel loaded before it, and generate captured everything at load, before this kernel
+    was ever launched (in the bench a capture follows its first launch). The session is given back empty."""
+    from ..kernels import carveout
     from ..runtime.generation import Request, generate
     from ..runtime.sampling import SamplingParams
 
@@ -131,6 +134,8 @@ def forced_generate(session, decoder: SpeculativeDecoder, prompt: list[int], max
     sequence, vocab = list(prompt) + plain.tokens, session.model.cfg.vocab_size
     forced = ForcedDecoder(ForcedAcceptance(decoder.proposer, sequence, tau, vocab), decoder.draft_len)
     generate(session, forced, Request(list(prompt), SamplingParams(), max_tokens))
+    if session.device.type == "cuda":
+        carveout.apply()  # on the argmax that run loaded: one split for every kernel of a step
     session.reset()
     forced.sync(session)
     forced.proposer = ForcedAcceptance(decoder.proposer, sequence, tau, vocab)  # as the bench: its draws start over
