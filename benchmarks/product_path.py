@@ -9,7 +9,7 @@ text is near empty and only the speed is measured), then, per mode (none / dflas
 `dflash bench` on the same prompt, and prints: command start to first token, TTFT after load, decode tok/s, CUDA
 graph captures during the generation, bench tok/s and the ratio. Random drafters: τ about 1; then forced τ
 (FORCED_TAU, default 6): `generate` under DFLASH_FORCE_TAU against `dflash bench --synthetic --synthetic-tau` with
-the same shapes, greedy.
+the same shapes and prompt length, greedy.
 
 Then a scripted 5-turn `dflash chat` (200 tokens a turn) per mode and temperature: decode tok/s and TTFT by turn.
 
@@ -123,9 +123,11 @@ def generate(mode: str, temp: float, prompt_file: Path, tau: float | None = None
     wall = time.time() - t0
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1:] or ["?"]}
-    stats = json.loads(out.stdout.splitlines()[-1])["stats"]
+    answer = json.loads(out.stdout.splitlines()[-1])
+    stats = answer["stats"]
     return {"start_to_first_s": stats["first_token_unix_s"] - t0, "ttft_s": stats["ttft_s"],
             "tok_s": stats["decode_tok_per_s"], "captures": stats["graph_captures"], "wall_s": wall,
+            "prompt_tokens": answer["prompt_tokens"],
             "tau": stats["tau_tokens_per_step"], "load_captures": stats["graph_captures_at_load"],
             "load_capture_s": stats["graph_capture_at_load_s"], "startup": stats.get("startup_s", {})}
 
@@ -175,10 +177,12 @@ def bench(mode: str, temp: float, prompts: Path) -> float | None:
                       "--temperature", str(temp)])
 
 
-def forced_bench(mode: str, tau: float) -> float | None:
-    """`dflash bench --synthetic` at a forced τ: MODEL's shapes and random weights, as the local checkpoints."""
+def forced_bench(mode: str, tau: float, prompt_tokens: int) -> float | None:
+    """`dflash bench --synthetic` at a forced τ: MODEL's shapes and random weights, as the local checkpoints, on
+    prompts of generate's length (its default, 128, would run each step over more context)."""
     return run_bench(mode, ROOT / f"bench_{mode}_tau{tau}.json", f"--synthetic τ {tau}",
-                     ["--model", MODEL, "--synthetic", "--synthetic-tau", str(tau), "--draft", mode])
+                     ["--model", MODEL, "--synthetic", "--synthetic-tau", str(tau), "--draft", mode,
+                      "--synthetic-prompt-len", str(prompt_tokens)])
 
 
 def run_bench(mode: str, report: Path, label: str, args: list[str]) -> float | None:
@@ -238,10 +242,11 @@ def main() -> None:
               f"| generate / bench |")
         print("|---|---|---|---|---|---|")
         for mode in (m for m in MODES if m != "none"):
-            g, b = generate(mode, 0.0, prompt_file, tau), forced_bench(mode, tau)
+            g = generate(mode, 0.0, prompt_file, tau)
             if "error" in g:
                 print(f"| {mode} | error: {g['error']} | | | | |")
                 continue
+            b = forced_bench(mode, tau, g["prompt_tokens"])
             ratio = f"{g['tok_s'] / b:.2f}" if b else "—"
             print(f"| {mode} | {g['tau']:.2f} | {g['tok_s']:.1f} | {g['captures']} | {b or '—'} | {ratio} |")
 

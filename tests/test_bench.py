@@ -120,6 +120,54 @@ def test_generate_at_a_forced_tau_commits_it_through_the_product_path(cli, regis
     assert bad.code != 0 and "DFLASH_FORCE_TAU" in bad.err and "Traceback" not in bad.err
 
 
+@pytest.mark.parametrize("draft", ["dflash", "eagle3"])
+def test_the_forced_generate_times_no_first_launch(registry, draft):
+    """DFLASH_FORCE_TAU: the run `generate` times launches no op (and no argmax of a shape) that its process has not
+    run before, as the bench's timed runs follow its warm-up run. On a GPU a first launch loads a kernel or a Triton
+    specialisation, milliseconds inside a timed decode of a few hundred (issue 47: the forced acceptance's one-row
+    argmax and the forcing's remainder were first met there)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from dflash_cli.bench.forced import forced_generate
+    from dflash_cli.layers import ops
+    from dflash_cli.models.qwen3 import Qwen3Model
+    from dflash_cli.runtime.drafters import load as load_drafter
+    from dflash_cli.runtime.generation import Request, generate
+    from dflash_cli.runtime.sampling import SamplingParams
+    from dflash_cli.runtime.session import Session
+    from dflash_cli.runtime.speculative import SpeculativeDecoder
+    from dflash_cli.runtime.warmup import capture_all
+
+    seen: dict[str, set] = {"before": set(), "timed": set()}
+    phase = ["before"]
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen[phase[0]].add((func.overloadpacket.__name__, tuple(str(a.dtype) for a in args if torch.is_tensor(a))))
+            return func(*args, **(kwargs or {}))
+
+    def shaped(name, real, rows):  # the shape picks a GPU kernel's specialisation
+        def run(*args):
+            seen[phase[0]].add((name, tuple(args[rows].shape), tuple(a is None for a in args)))
+            return real(*args)
+        return run
+
+    target = Qwen3Model.load(registry / "target")
+    decoder = SpeculativeDecoder(load_drafter(draft, registry / draft, target), CHAIN if draft == "eagle3" else None)
+    prompt, n = [5, 9, 2, 7, 11, 3, 8, 4, 6], 40
+    with pytest.MonkeyPatch.context() as mp, Ops():
+        mp.setattr(ops, "argmax_rows", shaped("argmax_rows", ops.argmax_rows, 0))
+        mp.setattr(ops, "greedy_verdict", shaped("greedy_verdict", ops.greedy_verdict, 1))
+        session = Session(target, len(prompt) + n + 32, path="static")  # generate's order: capture at load,
+        capture_all(session, decoder, [SamplingParams()])  # then forced_generate's pre-runs, then the timed run
+        forced = forced_generate(session, decoder, prompt, n, 4.0)
+        phase[0] = "timed"
+        res = generate(session, forced, Request(prompt, SamplingParams(), n))
+    assert (len(res.tokens) - 1) / len(res.steps) > 3  # forced spans were timed
+    assert seen["timed"] <= seen["before"], seen["timed"] - seen["before"]
+
+
 def test_bench_bad_input_is_one_line(cli, registry, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
