@@ -101,7 +101,7 @@ def test_sampling_kernels_match_reference_in_interpreter():
 
 
 # The kernels dispatched (ops.model_kernels forced to the interpreted module on CPU) through whole sampled
-# generations on the static path (what the GPU's graphs capture): plain, DFlash and EAGLE-3 (a draft head's id map,
+# generations on the static path (what the GPU's graphs capture): DFlash and EAGLE-3 (a draft head's id map,
 # each chained row written into the q buffer). At a temperature near 0 the draws are the argmaxes, so every output
 # must be plain greedy's: the rows, the q buffer and the verdict are wired as the torch path's.
 DISPATCH = textwrap.dedent("""
@@ -122,11 +122,12 @@ DISPATCH = textwrap.dedent("""
     from dflash_cli.runtime.session import Session
     from dflash_cli.runtime.speculative import SpeculativeDecoder
     torch.set_num_threads(1)
+    kernel.CHUNK = 128  # the interpreter's cost is the keys a program sorts: 3 chunks over the 384 tokens
     root = Path(tempfile.mkdtemp())
     target_dir = make_qwen3(root / "target", seed=5, num_hidden_layers=3, with_tokenizer=False)
     cfg = json.loads((target_dir / "config.json").read_text())
     target = Qwen3Model.load(target_dir)
-    dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, seed=6, layers=1, block_size=6), target)
+    dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, seed=6, layers=1, block_size=4), target)
     eagle3 = Eagle3Drafter.load(make_eagle3(root / "e", cfg, seed=7), target)
     calls = {}
     def counted(name):
@@ -140,18 +141,18 @@ DISPATCH = textwrap.dedent("""
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     def run(decoder, params):
         session = Session(target, max_len=64, path="static")
-        return generate(session, decoder, Request(prompt, params, max_tokens=12)).tokens
+        return generate(session, decoder, Request(prompt, params, max_tokens=8)).tokens
     want = run(PlainDecoder(), SamplingParams())
     saved = ops.model_kernels
     ops.model_kernels = lambda x, name: module if name == "sampling" else None
     try:
-        for make in (PlainDecoder, lambda: SpeculativeDecoder(DFlashProposer(dflash)),
+        for make in (lambda: SpeculativeDecoder(DFlashProposer(dflash)),
                      lambda: SpeculativeDecoder(Eagle3Proposer(eagle3))):
             got = run(make(), SamplingParams(temperature=1e-4, top_p=0.95, top_k=20, seed=1))
             assert got == want, (got, want)
     finally:
         ops.model_kernels = saved
-    assert calls.get("filtered", 0) >= 12 and calls.get("accept", 0) >= 2, calls
+    assert calls.get("filtered", 0) >= 8 and calls.get("accept", 0) >= 2, calls
     print("ok", calls)
 """)
 
