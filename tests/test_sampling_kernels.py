@@ -57,39 +57,41 @@ CHECK = textwrap.dedent("""
                 assert torch.equal(tokens, ids[:5].gather(1, best[:, None])[:, 0]), (vocab, params)
                 assert torch.equal(ids[:5], to_target[got.ids]) and torch.equal(probs[:5], got.probs)
 
-    # The verdict: sampling.accept's math on the kernel's noise (uniform [R + K]: R = the rows' power of two, the
-    # first k the acceptance's, then the race's, as Exp(1) = -log(1 - u)), every k, drafts mostly q's likely ones.
+    # The verdict against sampling.accept itself, fed the kernel's noise (uniform [R + K]: R = the rows' power of two,
+    # the first k the acceptance's, then the race's as Exp(1) = -log(1 - u)). The q rows sit in a buffer of MAX_ROWS
+    # whose rows from k on hold another proposal's (row k one near p's: at n == k q counts as zero, that row must not
+    # be read), and p is close to q, so that every count of accepted drafts comes up, all k of them included.
     def want_accept(drafts, q, p, noise, rows):
-        k = drafts.shape[0]
-        at = lambda f, t: ((f.ids == t[:, None]) * f.probs).sum(-1)
-        n = int((noise[:k] * at(q[:k], drafts) < at(p[:k], drafts)).long().cumprod(0).sum()) if k else 0
-        p_ids, p_row = p.ids[n], p.probs[n]
-        q_on_p = torch.zeros(p_ids.shape[0])
-        if n < k:
-            q_dense = torch.zeros(100_000).scatter_add_(0, q.ids[n], q.probs[n])
-            q_on_p = q_dense[p_ids]
-        residual = (p_row - q_on_p).clamp_min(0)
-        weights = residual if residual.sum() > 0 else p_row
-        e = (-torch.log(1 - noise[rows:rows + K])).clamp_min(tiny)
-        return n, int(p_ids[(weights / e).argmax()])
+        rand, race_noise = torch.rand, sampling.race_noise
+        torch.rand = lambda n, **kw: noise[:n].clone()
+        sampling.race_noise = lambda shape, device, gen: -torch.log(1 - noise[rows:rows + shape[-1]]).view(shape)
+        try:
+            n, tok = sampling.accept(drafts, q, p, vocab, None)
+        finally:
+            torch.rand, sampling.race_noise = rand, race_noise
+        return int(n), int(tok)
 
     s = sampling.Sampler(torch.device("cpu"))
     s.load(SamplingParams(0.8, 0.95, 30))
     vocab = 500
-    for trial in range(12):
-        k = (0, 1, 3, 7)[trial % 4]
-        p = sampling.filtered(torch.randn(k + 1, vocab, generator=g) * 2, TOP_K, s)
-        q = sampling.filtered(torch.randn(max(k, 1), vocab, generator=g) * 2, TOP_K, s)
-        drafts = torch.stack([q.ids[i, torch.randint(0, 3, (1,), generator=g)[0]] for i in range(k)]) if k else \\
-            torch.zeros(0, dtype=torch.long)
+    seen = set()
+    for trial in range(24):
+        k = (0, 1, 2, 3, 7, 15)[trial % 6]
+        z = torch.randn(k + 1, vocab, generator=g) * 2
+        p = sampling.filtered(z, TOP_K, s)
+        buffer = sampling.filtered(torch.randn(sampling.MAX_ROWS, vocab, generator=g) * 2, TOP_K, s)
+        near = sampling.filtered(z + 0.3 * torch.randn(k + 1, vocab, generator=g), TOP_K, s)  # row k: a stale one
+        buffer.ids[: k + 1], buffer.probs[: k + 1] = near.ids, near.probs
+        drafts = sampling.draw(buffer[:k], g)
         ids = torch.cat([torch.tensor([5]), drafts])
         torch.manual_seed(trial)
-        out = kernel.accept(ids, q.ids, q.probs, p.ids, p.probs)
+        out = kernel.accept(ids, buffer.ids, buffer.probs, p.ids, p.probs)
         torch.manual_seed(trial)
         rows = max(2, 1 << k.bit_length())
-        noise = torch.rand(rows + K)
-        n, tok = want_accept(drafts, q, p, noise, rows)
+        n, tok = want_accept(drafts, buffer[:k], p, torch.rand(rows + K), rows)
         assert out.tolist() == [n, tok, *drafts.tolist()], (trial, out.tolist(), n, tok)
+        seen.add("none" if n == 0 else "all" if n == k else "some")
+    assert seen == {"none", "some", "all"}, seen
     print("ok")
 """)
 
