@@ -46,7 +46,8 @@ def replay_us(fn, reps: int = 200) -> float:
 def main() -> None:
     s = sampling.begin(SamplingParams(0.6, 0.95, 20, seed=0), "cuda")
     print(f"device {torch.cuda.get_device_name()}")
-    print("| rows x vocab | argmax | greedy verdict | topk 64 | filtered | draw | sampled verdict | DFlash drafts + q |")
+    print("| rows x vocab | argmax | greedy verdict | topk 64 | filtered | draw | sampled verdict "
+          "| DFlash drafts + q |")
     print("|---|---|---|---|---|---|---|---|")
     for rows, vocab in ((1, 151936), (8, 151936), (16, 151936), (1, 32000)):
         logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16) * 4

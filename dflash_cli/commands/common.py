@@ -24,14 +24,15 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         try:
             text = Path(prompt_file).expanduser().read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise DflashError(f"cannot read prompt file {prompt_file}: {getattr(exc, 'strerror', None) or exc}") from None
+            reason = getattr(exc, "strerror", None) or exc
+            raise DflashError(f"cannot read prompt file {prompt_file}: {reason}") from None
         source = f"prompt file {prompt_file}"
     elif not sys.stdin.isatty() and (text := sys.stdin.read()):
         source = "stdin"
     else:
         raise DflashError("no prompt: use --prompt TEXT, --prompt-file FILE or pipe text on stdin")
     if not text.strip():
-        raise DflashError(f"the prompt is empty ({source})" if text == "" else f"the prompt is only whitespace ({source})")
+        raise DflashError(f"the prompt is {'empty' if text == '' else 'only whitespace'} ({source})")
     return text
 
 

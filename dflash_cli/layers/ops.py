@@ -44,10 +44,10 @@ def _triton_on(x: torch.Tensor):
 
 def model_kernels(x: torch.Tensor, name: str):
     """A model's own Triton kernels, the module kernels/<name> (dflash2: DFlash 2's convolution and selector;
-    delta_rule: a hybrid's DeltaNet rows and rewind; sampling: the sampler's top-k rows and verdict), where the Triton kernels run on tensors like x, in any dtype (a
-    float32 recurrent state, say): CUDA, the kernels available, neither the `kernels` knob nor `reference_only`
-    turning them off. Else None: that model's torch code is then the path (and the reference its kernels are checked
-    against)."""
+    delta_rule: a hybrid's DeltaNet rows and rewind; sampling: the sampler's top-k rows and verdict), where the Triton
+    kernels run on tensors like x, in any dtype (a float32 recurrent state, say): CUDA, the kernels available, neither
+    the `kernels` knob nor `reference_only` turning them off. Else None: that model's torch code is then the path
+    (and the reference its kernels are checked against)."""
     if not _triton_on(x):
         return None
     module = _model_kernels.get(name)
@@ -240,8 +240,9 @@ def fast_gemm(x: torch.Tensor, w: torch.Tensor):
 
 def _skinny(x: torch.Tensor, w: torch.Tensor) -> bool:
     """A bf16 CUDA product of at most 16 rows that a skinny GEMM may take."""
-    return (tuning.KNOBS.gemm != "cublas" and x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= 16
-            and w.dtype == x.dtype and _kernels is not False and x.is_contiguous() and w.is_contiguous())
+    return (tuning.KNOBS.gemm != "cublas" and x.is_cuda and x.dtype == torch.bfloat16 and x.dim() == 2
+            and x.shape[0] <= 16 and w.dtype == x.dtype and _kernels is not False and x.is_contiguous()
+            and w.is_contiguous())
 
 
 def _cuda_gemm_for(x: torch.Tensor, w: torch.Tensor):

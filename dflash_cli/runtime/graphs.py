@@ -348,7 +348,8 @@ def target_graphs(model, cache, use_graphs: bool = True) -> Graphs:
         feed = (positions, fed) if accept and len(ids) == 1 else None
         # Held: a verify (it keeps its accepted rows) and a prompt (its real rows, before the padding: state.last_row).
         hold = recurrent and 1 < len(ids) <= cache.state.max_rows
-        out = model.forward_static(ids, positions, cache, window, capture, all_logits, **({"hold": True} if hold else {}))
+        out = model.forward_static(ids, positions, cache, window, capture, all_logits,
+                                   **({"hold": True} if hold else {}))
         out = with_verdict(out, ids, accept, feed)
         if hold:
             model.commit_rows(cache, out.verdict[:1] if accept else cache.state.last_row, len(ids))

@@ -258,9 +258,9 @@ def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> t
     """Speculative rejection sampling (Leviathan et al. / Chen et al.) on the device.
 
     drafts [k] were drawn from q's rows [k]; p holds the target's rows [k+1] (ids < vocab; they may differ row to
-    row, and from q's). Accept draft i with probability min(1, p/q); at the first rejection draw from normalised max(p - q, 0);
-    if all are accepted draw the bonus from p's last row. Returns (accepted count, the next token) as device
-    scalars; the same noise is drawn whatever is accepted, so the RNG advances alike."""
+    row, and from q's). Accept draft i with probability min(1, p/q); at the first rejection draw from normalised
+    max(p - q, 0); if all are accepted draw the bonus from p's last row. Returns (accepted count, the next token)
+    as device scalars; the same noise is drawn whatever is accepted, so the RNG advances alike."""
     k = drafts.shape[0]
     if k == 0:
         return torch.zeros((), dtype=torch.long, device=drafts.device), draw(p[:1], gen)[0]
