@@ -295,7 +295,6 @@ def dflash2_draft_costs(model, hidden, dflash, eager=False):
         for params, mode in ((greedy, "greedy"), (hot, "sampled")):
             run = proposer("dflash2", path="static")
             profile(lambda: run.propose(5, k, params), 5, f"DFlash 2 draft, {mode} (eager static)")
-    d2.use_selector = True
 
 
 def main():

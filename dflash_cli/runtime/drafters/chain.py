@@ -208,7 +208,8 @@ class ChainProposer(Drafter):
         return torch.cat(drafts)
 
     def _chain(self, last: torch.Tensor, positions: torch.Tensor, window: int, k: int, mode=None) -> torch.Tensor:
-        """The chain's graph: greedy (mode None) or sampled, its q rows then written to the sampler's buffer."""
+        """The chain's graph: greedy (mode None) or sampled, each draft's q row written to the sampler's buffer as it
+        is drawn."""
         return self._greedy_chain(last, positions, window, k) if mode is None else \
             self._sampled_chain(last, positions, window, k, mode)
 
