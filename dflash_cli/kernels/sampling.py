@@ -131,6 +131,10 @@ def accept(ids: torch.Tensor, q_ids: torch.Tensor, q_probs: torch.Tensor, p_ids:
     """sampling.accept as one program: ids [k+1] = [last, drafts...], q rows [>= k, W], p rows [k+1, K] ->
     long [2 + k] = [accepted drafts, the next token, drafts...]."""
     k = ids.shape[0] - 1
+    # The kernel's strides: one per row for ids and probs, unit along a row (and along ids).
+    assert q_ids.stride() == q_probs.stride() and p_ids.stride() == p_probs.stride()
+    assert q_ids.stride(1) == p_ids.stride(1) == 1 and ids.is_contiguous()
+    assert q_ids.shape[0] >= k and p_ids.shape[0] >= k + 1
     rows = max(2, triton.next_power_of_2(k + 1))
     width, q_width = p_ids.shape[1], q_ids.shape[1]
     noise = torch.rand(rows + width, device=ids.device)
