@@ -215,7 +215,7 @@ def main() -> None:
     for temp in TEMPS:  # every mode's kernels compiled and its bytecode written once: the table's runs are warm
         for mode in MODES:
             generate(mode, temp, prompt_file, max_tokens=16)
-    if os.environ.get("PROFILE", "1") == "1":
+    if os.environ.get("PROFILE") == "1":
         profile_startup(prompt_file)
     rows = []
     for temp in TEMPS:

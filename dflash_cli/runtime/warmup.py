@@ -34,6 +34,8 @@ def capture_all(session: Session, decoder, modes: list[SamplingParams]) -> tuple
         return 0, 0.0
     t0, (_, before, _) = time.perf_counter(), Totals.snapshot()
     gc.collect()  # graphs of dropped sessions (chat's /set draft) give their memory back before new ones are made
+    if session.device.type == "cuda":
+        torch.cuda.empty_cache()  # and the allocator's cached blocks, once a load (captures no longer do it each)
     block = getattr(decoder, "draft_len", 0) + 1
     tokens = min(BLOCKS * block + 2, session.max_len - MAX_ROWS - block - 1)  # clear of the cache's end
     if tokens >= 1:
