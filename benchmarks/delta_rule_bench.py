@@ -38,6 +38,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.step_profile import replay_ms  # noqa: E402
 from dflash_cli.errors import DflashError  # noqa: E402
 from dflash_cli.layers import delta_rule, ops  # noqa: E402
 from dflash_cli.layers.recurrent_state import RecurrentState  # noqa: E402
@@ -184,16 +185,7 @@ def wall_us(fn, reps: int) -> float:
 
 def calls_us(fn, reps: int) -> float:
     """µs per call of fn, which replays graphs of its own (a graph cannot capture their replays): CUDA events."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
+    return replay_ms(fn, reps) * 1e3
 
 
 def verify_share(a: argparse.Namespace, device: torch.device) -> dict:
