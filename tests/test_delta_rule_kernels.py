@@ -6,11 +6,12 @@ float32, relative error <= 1e-5. Runs in a subprocess because TRITON_INTERPRET m
 defined; the GPU timings are benchmarks/delta_rule_bench.py's."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from interpret import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -130,18 +131,12 @@ FOLD = SETUP + textwrap.dedent("""
 """)
 
 
-def run(script: str) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
-
-
 def test_recurrent_rows_match_the_torch_loop():
-    run(ROWS)
+    run_interpreted(ROWS)
 
 
 def test_fold_and_conv_match_the_torch_reference():
-    run(FOLD)
+    run_interpreted(FOLD)
 
 
 MODEL = textwrap.dedent("""
@@ -183,6 +178,4 @@ def test_model_with_the_kernels_matches_the_reference(tmp_path):
     from tiny import make_qwen35
 
     d = make_qwen35(tmp_path / "t", seed=5, with_tokenizer=False, extras=False)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", MODEL, str(d)], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    run_interpreted(MODEL, str(d), timeout=600)

@@ -2,13 +2,12 @@
 interpreter (in a subprocess: TRITON_INTERPRET must be set before kernels are defined): the convolution, the
 selector's scores and its walk, greedy and sampled. Skipped where triton is not installed (a CUDA extra)."""
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from interpret import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -100,9 +99,7 @@ CHECK = textwrap.dedent("""
 
 
 def test_dflash2_kernels_match_reference_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    run_interpreted(CHECK, timeout=300)
 
 
 # The drafter with its kernels dispatched (ops.model_kernels forced to the interpreted module on CPU) against the
@@ -114,6 +111,7 @@ DISPATCH = textwrap.dedent("""
     from pathlib import Path
     import torch
     sys.path.insert(0, "tests")
+    from interpret import counting
     from tiny import make_dflash2, make_qwen3
     from dflash_cli.kernels import dflash2 as kernel
     from dflash_cli.layers import ops
@@ -133,16 +131,8 @@ DISPATCH = textwrap.dedent("""
     target = Qwen3Model.load(target_dir)
     drafter = DFlash2Drafter.load(folder, target, selector=True)
     calls = {}
-    def counted(name):
-        fn = getattr(kernel, name)
-        def run(*args):
-            calls[name] = calls.get(name, 0) + 1
-            return fn(*args)
-        return run
-    module = type("Kernels", (), {n: staticmethod(counted(n) if not n.endswith("fits") else getattr(kernel, n))
-                                  for n in ("dynamic_conv", "conv_add_rms_norm", "conv_fits", "selector_scores",
-                                            "scores_fit",
-                                            "selector_walk", "walk_fits")})
+    module = counting(kernel, ("dynamic_conv", "conv_add_rms_norm", "selector_scores", "selector_walk"),
+                      ("conv_fits", "scores_fit", "walk_fits"), calls)
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     def run(params):
         session = Session(target, max_len=64, path="static")
@@ -163,9 +153,7 @@ DISPATCH = textwrap.dedent("""
 
 
 def test_dflash2_drafter_with_its_kernels_gives_the_torch_drafts():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", DISPATCH], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    run_interpreted(DISPATCH, timeout=300)
 
 
 def test_dflash2_convolutions_compile_without_fused_products():

@@ -5,12 +5,11 @@ Skipped where triton is not installed (it is a CUDA extra); bf16 is checked on t
 (tests/gpu) because the interpreter rounds bf16 differently from the hardware.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from interpret import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -174,9 +173,7 @@ CHECK = textwrap.dedent("""
 
 
 def test_kernels_match_reference_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+    run_interpreted(CHECK, timeout=300)
 
 
 WINDOWED = textwrap.dedent("""
@@ -224,6 +221,4 @@ WINDOWED = textwrap.dedent("""
 
 
 def test_sliding_window_kernels_match_reference_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", WINDOWED], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+    run_interpreted(WINDOWED, timeout=300)

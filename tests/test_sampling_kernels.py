@@ -3,12 +3,11 @@ interpreter (in a subprocess: TRITON_INTERPRET must be set before kernels are de
 draws on the same noise, a draft head's id map, and the rejection-sampling verdict. Skipped where triton is not
 installed (a CUDA extra)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from interpret import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -97,9 +96,7 @@ CHECK = textwrap.dedent("""
 
 
 def test_sampling_kernels_match_reference_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    run_interpreted(CHECK, timeout=600)
 
 
 # The kernels dispatched (ops.model_kernels forced to the interpreted module on CPU) through whole sampled
@@ -111,6 +108,7 @@ DISPATCH = textwrap.dedent("""
     from pathlib import Path
     import torch
     sys.path.insert(0, "tests")
+    from interpret import counting
     from tiny import make_dflash, make_eagle3, make_qwen3
     from dflash_cli.kernels import sampling as kernel
     from dflash_cli.layers import ops
@@ -132,14 +130,7 @@ DISPATCH = textwrap.dedent("""
     dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, seed=6, layers=1, block_size=4), target)
     eagle3 = Eagle3Drafter.load(make_eagle3(root / "e", cfg, seed=7), target)
     calls = {}
-    def counted(name):
-        fn = getattr(kernel, name)
-        def run(*args, **kw):
-            calls[name] = calls.get(name, 0) + 1
-            return fn(*args, **kw)
-        return run
-    module = type("Kernels", (), {"filtered": staticmethod(counted("filtered")),
-                                  "accept": staticmethod(counted("accept")), "fits": staticmethod(kernel.fits)})
+    module = counting(kernel, ("filtered", "accept"), ("fits",), calls)
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     def run(decoder, params):
         session = Session(target, max_len=64, path="static")
@@ -160,6 +151,4 @@ DISPATCH = textwrap.dedent("""
 
 
 def test_the_sampler_with_its_kernels_is_wired_as_the_torch_path():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", DISPATCH], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+    run_interpreted(DISPATCH, timeout=600)
