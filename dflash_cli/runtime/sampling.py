@@ -76,6 +76,16 @@ class Filtered:
     def __getitem__(self, rows) -> "Filtered":
         return Filtered(self.ids[rows], self.probs[rows])
 
+    def write(self, rows: "Filtered") -> "Filtered":
+        """Copy `rows` into these rows (buffer rows: zero past their width, a draft vocabulary may be narrower)."""
+        w = rows.ids.shape[1]
+        self.ids[:, :w].copy_(rows.ids)
+        self.probs[:, :w].copy_(rows.probs)
+        if w < self.ids.shape[1]:
+            self.ids[:, w:].zero_()
+            self.probs[:, w:].zero_()
+        return self
+
     def dense(self, vocab: int) -> torch.Tensor:
         """The rows as [R, vocab] probabilities."""
         out = torch.zeros(self.probs.shape[0], vocab, dtype=self.probs.dtype, device=self.probs.device)
@@ -122,14 +132,7 @@ class Sampler:
 
     def write_q(self, mode: str, vocab: int, rows: Filtered) -> Filtered:
         """Copy a proposal's q rows into the buffer (zero past their width: a draft vocabulary may be narrower)."""
-        buf = self.q(mode, vocab)
-        n, w = rows.ids.shape
-        buf.ids[:n, :w].copy_(rows.ids)
-        buf.probs[:n, :w].copy_(rows.probs)
-        if w < buf.ids.shape[1]:
-            buf.ids[:n, w:].zero_()
-            buf.probs[:n, w:].zero_()
-        return buf[:n]
+        return self.q(mode, vocab)[: rows.ids.shape[0]].write(rows)
 
 
 _samplers: dict = {}
@@ -193,12 +196,7 @@ def filtered_draw(logits: torch.Tensor, mode: str, s: Sampler, out: Filtered | N
     if to_target is not None:
         rows = Filtered(to_target[rows.ids], rows.probs)
     if out is not None:
-        w = rows.ids.shape[1]
-        out.ids[:, :w].copy_(rows.ids)
-        out.probs[:, :w].copy_(rows.probs)
-        out.ids[:, w:].zero_()
-        out.probs[:, w:].zero_()
-        rows = out
+        rows = out.write(rows)
     return draw(rows, s.gen), rows
 
 

@@ -164,9 +164,8 @@ class ChainProposer(Drafter):
             n = part.shape[0]
             if n < MAX_ROWS:
                 part = torch.nn.functional.pad(part, (0, 0, 0, MAX_ROWS - n))
-            self.next_ids.copy_(host_ids(tokens[at : at + n] + [0] * (MAX_ROWS - n), dev), non_blocking=True)
-            self.fast_absorb(part, start + at)
-        self.committed, self.rows = end, end - 1
+            self._absorb_fast(part, start + at, host_ids(tokens[at : at + n] + [0] * (MAX_ROWS - n), dev))
+        self.commit(end)
 
     def _absorb_rows(self, hidden: torch.Tensor, positions: torch.Tensor, window: int) -> None:
         """absorb on device positions [start, start + m) (start >= 1): fused rows at the positions, drafter rows at
