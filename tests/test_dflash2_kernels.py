@@ -104,8 +104,9 @@ def test_dflash2_kernels_match_reference_in_interpreter():
 
 # The drafter with its kernels dispatched (ops.model_kernels forced to the interpreted module on CPU) against the
 # torch path, through whole generations on the static path (what the GPU's graphs capture): the conv views and
-# residual adds, the anchor, the sampler's temperature tensor and the noise as the model passes them. Greedy: the
-# same drafts and tokens. Sampled: the same too, since on CPU one Exp(1) draw of [k, K] equals k draws of [1, K].
+# residual adds, the selector's top-k (5 of a width of 8), the anchor, the sampler's temperature tensor and the noise
+# as the model passes them. Greedy: the same drafts and tokens. Sampled: the same too, since on CPU one Exp(1) draw
+# of [k, K] equals k draws of [1, K].
 DISPATCH = textwrap.dedent("""
     import json, sys, tempfile
     from pathlib import Path
@@ -130,9 +131,11 @@ DISPATCH = textwrap.dedent("""
                           top_k=5, rank=12)
     target = Qwen3Model.load(target_dir)
     drafter = DFlash2Drafter.load(folder, target, selector=True)
+    from dflash_cli.kernels import sampling
+    sampling.CHUNK = 128  # the selector's top-k: three chunks of the 384 tokens (the interpreter is slow on big ones)
     calls = {}
-    module = counting(kernel, ("dynamic_conv", "conv_add_rms_norm", "selector_scores", "selector_walk"),
-                      ("conv_fits", "scores_fit", "walk_fits"), calls)
+    module = counting(kernel, ("dynamic_conv", "conv_add_rms_norm", "top_k", "selector_scores", "selector_walk"),
+                      ("conv_fits", "top_k_fits", "scores_fit", "walk_fits"), calls)
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     def run(params):
         session = Session(target, max_len=64, path="static")
@@ -147,7 +150,7 @@ DISPATCH = textwrap.dedent("""
             ops.model_kernels = saved
         assert got == want, (params, got, want)
     assert calls["dynamic_conv"] >= 4 and calls["conv_add_rms_norm"] >= 4, calls
-    assert calls["selector_scores"] >= 2 and calls["selector_walk"] >= 2, calls
+    assert calls["top_k"] >= 2 and calls["selector_scores"] >= 2 and calls["selector_walk"] >= 2, calls
     print("ok", calls)
 """)
 

@@ -1,6 +1,7 @@
 """The sampler's kernels (kernels/sampling.py) against runtime/sampling.py's torch code, on CPU through Triton's
 interpreter (in a subprocess: TRITON_INTERPRET must be set before kernels are defined): the filtered rows, their
-draws on the same noise, a draft head's id map, and the rejection-sampling verdict. Skipped where triton is not
+draws on the same noise, a draft head's id map, the plain top-k, and the rejection-sampling verdict. Small chunks and
+merges, so that a row of a few hundred tokens runs every level of the kernels' tree. Skipped where triton is not
 installed (a CUDA extra)."""
 
 import textwrap
@@ -17,6 +18,7 @@ CHECK = textwrap.dedent("""
     from dflash_cli.runtime import sampling
     from dflash_cli.runtime.sampling import SamplingParams, TOP_K, Filtered
     kernel.CHUNK = 64  # several chunks a row, the last one partly filled
+    kernel.MERGE_KEYS = 128  # two lists of 64 a merge: 200 tokens are 4 chunks, merged 4 -> 2 -> the row's
     K = sampling.K_MAX
     g = torch.Generator().manual_seed(0)
     tiny = torch.finfo(torch.float32).tiny
@@ -55,6 +57,22 @@ CHECK = textwrap.dedent("""
                 best = (probs[:5] / (-torch.log(1 - u)).clamp_min(tiny)).argmax(-1)
                 assert torch.equal(tokens, ids[:5].gather(1, best[:, None])[:, 0]), (vocab, params)
                 assert torch.equal(ids[:5], to_target[got.ids]) and torch.equal(probs[:5], got.probs)
+
+    # The plain top-k: torch's values; ids as a stable descending sort's (of equal values the lower index first).
+    # Chunks of 512: the floor's packed path on random rows and on an ascending one at k = 64, the whole chunk's
+    # where more than 4 k logits reach the floor (all tied; ascending at k = 16); a row of many ties at the cut; k
+    # below a power of two; a last chunk shorter than k (1060 = 2 x 512 + 36); merges of 2 lists (k = 64).
+    kernel.CHUNK = 512
+    for vocab, k, dtype in ((1060, 64, torch.float32), (1100, 16, torch.bfloat16), (600, 5, torch.float32)):
+        logits = (torch.randn(5, vocab, generator=g) * 3).to(dtype)
+        logits[2] = (logits[2] * 2).round()
+        logits[3] = torch.arange(vocab)
+        logits[4] = 1.0
+        values, ids = kernel.top_k(logits, k)
+        want_values, _ = torch.topk(logits, k, dim=-1)
+        want_ids = torch.sort(logits.float(), dim=-1, descending=True, stable=True).indices[:, :k]
+        assert values.dtype == dtype and torch.equal(values, want_values), (vocab, k, dtype)
+        assert torch.equal(ids, want_ids), (vocab, k, dtype)
 
     # The verdict against sampling.accept itself, fed the kernel's noise (uniform [R + K]: R = the rows' power of two,
     # the first k the acceptance's, then the race's as Exp(1) = -log(1 - u)). The q rows sit in a buffer of MAX_ROWS
@@ -122,13 +140,13 @@ DISPATCH = textwrap.dedent("""
     from dflash_cli.runtime.session import Session
     from dflash_cli.runtime.speculative import SpeculativeDecoder
     torch.set_num_threads(1)
-    kernel.CHUNK = 128  # the interpreter's cost is the keys a program sorts: 3 chunks over the 384 tokens
     root = Path(tempfile.mkdtemp())
     target_dir = make_qwen3(root / "target", seed=5, num_hidden_layers=3, with_tokenizer=False)
     cfg = json.loads((target_dir / "config.json").read_text())
     target = Qwen3Model.load(target_dir)
     dflash = DFlashDrafter.load(make_dflash(root / "d", cfg, seed=6, layers=1, block_size=4), target)
     eagle3 = Eagle3Drafter.load(make_eagle3(root / "e", cfg, seed=7), target)
+    kernel.CHUNK = 512  # one chunk of the 384 tokens, its floor's path (the interpreter is slow on 2048)
     calls = {}
     module = counting(kernel, ("filtered", "accept"), ("fits",), calls)
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()

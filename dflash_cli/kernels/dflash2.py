@@ -4,6 +4,7 @@
   calls per layer), with the sublayer's residual add where given. Each program a block of channels for every row.
   `conv_add_rms_norm`: the same convolution of a sublayer's output, its residual add and the next sublayer's
   RMSNorm, one program a row (a sublayer's end and the next one's start: the norm costs no launch of its own).
+- `top_k`: the candidate selector's top-K of each row's logits (kernels/sampling.top_k; torch: radix selection).
 - `selector_scores`: the candidate selector's scores [k, K, K] from the top-K candidates and their logits, the
   anchor and the rows' projected states (torch: a cat, two gathers, a product, a batched product and an add). One
   program per draft row, its K x K edges one small float32 product (Triton's interpreter has no bf16 tl.dot).
@@ -23,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .pdl import launch_options, start as pdl_start
+from .sampling import top_k, top_k_fits  # noqa: F401 (the selector's candidates: the sampler's exact top-k)
 
 CONV_CHANNELS = 128  # channels per program of the convolution (Qwen3-4B's drafter: 20 programs)
 CONV_MAX_ROWS = 32  # block rows one convolution program holds

@@ -193,10 +193,13 @@ class CandidateSelector:
         """The draft rows' states x [k, H] (after the final norm), their logits [k, V] and the anchor token [1] ->
         (candidates [k, K], scores [k, K, K]): scores[i, a, b] for row i taking candidate b after row i - 1 took its
         candidate a (row 0: after the anchor, every a alike). One batched product for the whole block."""
-        unary, candidates = torch.topk(logits, self.top_k, dim=-1)
+        k = ops.model_kernels(x, "dflash2")
+        if k and k.top_k_fits(logits, self.top_k):  # exact as torch's (sampling_cost.py times both)
+            unary, candidates = k.top_k(logits, self.top_k)
+        else:
+            unary, candidates = torch.topk(logits, self.top_k, dim=-1)
         projected = ops.linear(x, self.projection)  # [k, R]
-        if (k := ops.model_kernels(x, "dflash2")) and k.scores_fit(candidates, unary, projected, self.predecessor,
-                                                                   self.successor):
+        if k and k.scores_fit(candidates, unary, projected, self.predecessor, self.successor):
             return candidates, k.selector_scores(candidates, unary, anchor, projected, self.predecessor,
                                                  self.successor)  # the gathers and products in one kernel
         before = torch.cat([anchor.view(1, 1).expand(1, self.top_k), candidates[:-1]])  # [k, K]

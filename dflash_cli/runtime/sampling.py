@@ -22,9 +22,11 @@ from ..layers.spans import MAX_STEP_ROWS
 K_MAX = 64
 MAX_ROWS = MAX_STEP_ROWS  # rows of a drafter's q buffer: the most rows of any step
 NO_LIMIT = 1 << 40  # top_k = 0 on the device
-# Rows filtered by kernels/sampling up to this vocabulary (a draft head's): H200, in graphs, 1 x 32,000 took 16 µs
-# against torch's 53; at a target's 151,936 its one program a row over 74 chunks' candidates lost (16 rows: 103 µs
-# against 81). Its verdict wins at any vocabulary (docs/TUNING.md).
+# Rows filtered by kernels/sampling up to this vocabulary (a draft head's): H200, in graphs, its first version took
+# 16 µs at 1 x 32,000 against torch's 53, and lost at a target's 151,936 (16 rows: 103 µs against 81; one program a
+# row over 74 chunks' candidates). Its verdict wins at any vocabulary (docs/TUNING.md). Its tree of merges is not
+# measured yet: raise this to 1 << 20 (its limit) if benchmarks/sampling_cost.py's "kernels' filtered" beats "torch
+# filtered" at 1, 8 and 16 x 151,936 and 16 x 248,320.
 KERNEL_VOCAB = 32768
 
 

@@ -283,6 +283,37 @@ def test_greedy_kernels_match_torch():
     assert fed.tolist() == [0] * 9 + [b] + [0] * 2
 
 
+def test_sampling_top_k_matches_torch():
+    """kernels/sampling's exact top-k (the chunks' floor, the merges) at the vocabularies' sizes: torch's values,
+    ids as a stable descending sort's (ties to the lower index); rows that send chunks down the whole-chunk path
+    (all tied, ascending), a tie across chunks, -inf; and its filtered rows against the torch code's."""
+    from dflash_cli.kernels import sampling as k
+    from dflash_cli.runtime import sampling
+    from dflash_cli.runtime.sampling import SamplingParams, TOP_K
+
+    torch.manual_seed(0)
+    s = sampling.Sampler(torch.device("cuda"))
+    s.load(SamplingParams(0.6, 0.95, 20))
+    for rows, vocab, top in ((1, 151936, 64), (16, 151936, 64), (7, 151936, 16), (16, 248320, 64), (3, 32000, 64),
+                             (5, 248320, 5)):
+        lg = torch.randn(rows, vocab, device="cuda") * 4
+        lg[0, 7] = lg[0, 140000] = lg[0].max() + 1  # a tie across chunks: the lower index first
+        if rows > 2:
+            lg[1] = 0.5
+            lg[2] = torch.arange(vocab, device="cuda") / vocab
+            lg[2, ::3] = float("-inf")
+        values, ids = k.top_k(lg, top)
+        want = torch.sort(lg, dim=-1, descending=True, stable=True)
+        assert torch.equal(values, want.values[:, :top]) and torch.equal(ids, want.indices[:, :top]), (rows, vocab)
+        if top == 64:  # on rows without ties (which of a tie top-k / top-p keeps is torch's choice)
+            lg = torch.randn(rows, vocab, device="cuda") * 4
+            got = sampling._rows(rows, lg.device)
+            k.filtered(lg, 64, s.temperature, s.top_p, s.top_k, got.ids, got.probs)
+            with ops.reference_only():
+                ref = sampling.filtered(lg, TOP_K, s)
+            assert torch.allclose(got.dense(vocab), ref.dense(vocab), atol=1e-6), (rows, vocab)
+
+
 def test_dflash2_kernels_match_reference_bf16():
     """DFlash 2's convolution, selector scores and walk (kernels/dflash2.py) in bf16 at the Qwen3-4B drafter's shapes
     (H 2560, groups of 16, 2 taps, rank 256, K 16, 7 draft rows) against the torch code on CPU: the convolution to
