@@ -171,10 +171,9 @@ def chat(mode: str, temp: float, turns: int = 5, tokens: int = 200) -> list[tupl
 
 
 def bench(mode: str, temp: float, prompts: Path) -> float | None:
-    # bench samples with the temperature alone (it has no top-p / top-k)
     return run_bench(mode, ROOT / f"bench_{mode}_{temp}.json", f"T={temp}",
                      ["--model", str(ROOT / "target"), "--draft", draft(mode), "--prompts", str(prompts),
-                      "--temperature", str(temp)])
+                      *sampling(temp)])
 
 
 def forced_bench(mode: str, tau: float, prompt_tokens: int) -> float | None:
@@ -224,8 +223,8 @@ def main() -> None:
             b = bench(mode, temp, prompts)
             rows.append((mode, temp, g, b))
             print(f"  {mode} T={temp}: generate {g}  bench {b}")
-    print(f"\n| mode | T | start→first token s (imports / tokenizer / weights / graphs / prefill) | captures at load (s) | TTFT after load ms | generate tok/s | "
-          f"captures during | bench tok/s | generate / bench |")
+    print("\n| mode | T | start→first token s (imports / tokenizer / weights / graphs / prefill) | captures at load (s) | TTFT after load ms | generate tok/s | "
+          "captures during | bench tok/s | generate / bench |")
     print("|---|---|---|---|---|---|---|---|---|")
     for mode, temp, g, b in rows:
         if "error" in g:

@@ -5,14 +5,14 @@ DFlash, 1.15x for EAGLE-3 chains). Each piece is captured in a CUDA graph (as th
 1. The sampled path's pieces: rows 1 (a plain decode), 8 (an EAGLE-3 verify) and 16 (a DFlash verify / its block's
    15 drafts) over Qwen3's 151,936 tokens, 16 over Qwen3.5's 248,320, and 1 row over a 32,000-token draft head (an
    EAGLE-3 chain's position). "torch" and "kernels'" columns force either path; "draw", "sampled verdict" and
-   "DFlash drafts + q" are the engine's as runtime/sampling.py picks (kernels' filtered rows up to KERNEL_VOCAB).
+   "DFlash drafts + q" are the engine's (the kernels where they run).
 2. The top-k alone: torch.topk against kernels/sampling.top_k, with DFlash 2's selector (7 draft rows, k = 16).
 3. kernels/sampling's sizes (CHUNK, MERGE_KEYS) against each other.
 
     PYTHONUNBUFFERED=1 python benchmarks/sampling_cost.py
 
-KERNEL_VOCAB (runtime/sampling.py) can rise to every vocabulary where table 1's "kernels' filtered" beats "torch
-filtered" at every row count; DFlash 2's selector keeps kernels' top_k where table 2 has it below torch.topk.
+The engine filters rows with the kernels at every vocabulary (they won at each of table 1's); CHUNK and MERGE_KEYS
+come from table 3's fastest exact row.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def main() -> None:
     selector = torch.randn(7, 151936, device="cuda") * 4
     saved = kernels.CHUNK, kernels.MERGE_KEYS
     try:
-        for chunk in (1024, 2048, 4096, 8192):
-            for merge in (1024, 4096):
+        for chunk in (2048, 4096, 8192, 16384):
+            for merge in (512, 1024):
                 kernels.CHUNK, kernels.MERGE_KEYS = chunk, merge
                 cells = [replay_us(lambda: kernels_filtered(x, s, sampling._rows(x.shape[0], x.device)))
                          for x in inputs.values()]

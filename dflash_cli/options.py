@@ -99,6 +99,8 @@ class BenchOptions:
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="JSONL file, one {\"prompt\": ...} per line (default: the model's own set, else a built-in mix).")] = None
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Tokens generated per prompt and run.")] = 256
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy (bench default).")] = 0.0
+    top_p: TopP = None
+    top_k: TopK = None
     repeat: Annotated[int, typer.Option("--repeat", help="Timed runs per prompt (after one untimed warm-up run).")] = 1
     device: Device = None
     dtype: Dtype = None

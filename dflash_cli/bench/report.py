@@ -16,7 +16,9 @@ def print_table(rep: dict, console: Console) -> None:
     label = " (SYNTHETIC: random weights" + (f", forced τ={rep['synthetic_tau']}" if rep["synthetic_tau"] else "") + ")" \
         if rep["synthetic"] else ""
     table = Table(title=f"dflash bench · {rep['model']}{label} · {rep['device']} · {rep['dtype']} · "
-                        f"{len(rep['prompts'])} prompts × {rep['repeat']} · {rep['max_tokens']} max tokens",
+                        f"{len(rep['prompts'])} prompts × {rep['repeat']} · {rep['max_tokens']} max tokens · "
+                        + (f"T {rep['temperature']:g}, top-p {rep['top_p']:g}, top-k {rep['top_k']}"
+                           if rep["temperature"] > 0 else "greedy"),
                   title_justify="left")
     for col in ("mode", "tok/s", "speedup", "TTFT ms", "τ", "accepted hist", "draft ms/step", "verify ms/step",
                 "step ms"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -162,7 +162,10 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
     if o.synthetic and o.temperature > 0:
         raise DflashError("--synthetic measures greedy steps: use --temperature 0")
     bt = BenchTarget(o)
-    params = SamplingParams(temperature=o.temperature, seed=o.seed)
+    # At T > 0 top-p / top-k as generate's: the flags, else the model's recommended values.
+    params = (bt.bundle.sampling(o.temperature, o.top_p, o.top_k, o.seed) if bt.bundle is not None
+              else SamplingParams(temperature=o.temperature, top_p=1.0 if o.top_p is None else o.top_p,
+                                  top_k=o.top_k or 0, seed=o.seed))
     runs: list[ModeRun] = []
     plain_first: list[Result] | None = None
     # One session for every run: its cache and captured CUDA graphs are reused (reset = length 0).
@@ -198,7 +201,7 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
         if mode == "none":
             plain_first = run.results[: len(bt.prompt_ids)]
         runs.append(run)
-    rep = report(o, bt, runs)
+    rep = report(o, bt, runs, params)
     end = Totals.snapshot()
     rep["engine"] = {
         "path": session.path,
@@ -210,7 +213,7 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
     return rep
 
 
-def report(o: BenchOptions, bt: BenchTarget, runs: list[ModeRun]) -> dict:
+def report(o: BenchOptions, bt: BenchTarget, runs: list[ModeRun], params: SamplingParams) -> dict:
     summaries = [r.summary() for r in runs]
     base = summaries[0]["decode_tok_per_s"] or None
     for s in summaries:
@@ -231,6 +234,8 @@ def report(o: BenchOptions, bt: BenchTarget, runs: list[ModeRun]) -> dict:
         "versions": {"dflash-cli": ours, "torch": torch.__version__, "python": platform.python_version()},
         "max_tokens": o.max_tokens,
         "temperature": o.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
         "repeat": o.repeat,
         "prompts": [{"category": p["category"], "prompt_tokens": len(ids)} for p, ids in zip(bt.prompts, bt.prompt_ids)],
         "modes": summaries,

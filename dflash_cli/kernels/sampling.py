@@ -24,8 +24,8 @@ import triton.language as tl
 
 from .pdl import launch_options, start as pdl_start
 
-CHUNK = 4096  # logits per program of the first pass, CHUNK // 512 warps (38 programs a row over Qwen3's 151,936)
-MERGE_KEYS = 1024  # keys per program of a merge: MERGE_KEYS // K chunks' lists (16 at K = 64)
+CHUNK = 8192  # logits per program of the first pass, 8 warps (19 programs a row over Qwen3's 151,936): docs/TUNING.md
+MERGE_KEYS = 512  # keys per program of a merge: MERGE_KEYS // K chunks' lists (8 at K = 64): docs/TUNING.md
 K_LIMIT = 256  # the largest K the kernels take (a merge holds at least two lists)
 IDX_BITS = 20  # a key's low bits: the token's index (vocabularies up to 2^20)
 LOWEST = -(1 << 62)  # below every key: padding past the vocabulary
@@ -66,8 +66,10 @@ def _chunk_top_kernel(x_ptr, stride_x, V, keys_ptr, near_ptr, CHUNKS, K: tl.cons
         # A floor under the chunk's K-th largest: the K-th largest of its GROUPS groups' maxima (K logits reach
         # it). Only the logits at or above it can be among the K largest: about 1.4 K of them in random order, so
         # they are packed in order into NEAR places and the top-K is NEAR keys' instead of BLOCK's (unless more
-        # reach the floor: the whole chunk's then).
-        floor = tl.min(tl.topk(tl.max(tl.reshape(ordered, [GROUPS, BLOCK // GROUPS]), 1), K), 0)
+        # reach the floor: the whole chunk's then). Groups are strided (logit i in group i % GROUPS), so that a
+        # row's last, partial chunk has every group filled: contiguous ones left it fewer than K, a floor of -inf
+        # and the whole chunk's sort (the slowest program of the launch).
+        floor = tl.min(tl.topk(tl.max(tl.reshape(ordered, [BLOCK // GROUPS, GROUPS]), 0), K), 0)
         near = inside & (ordered >= floor)
         count = tl.sum(near.to(tl.int32), 0)
         if count <= NEAR:

@@ -22,12 +22,6 @@ from ..layers.spans import MAX_STEP_ROWS
 K_MAX = 64
 MAX_ROWS = MAX_STEP_ROWS  # rows of a drafter's q buffer: the most rows of any step
 NO_LIMIT = 1 << 40  # top_k = 0 on the device
-# Rows filtered by kernels/sampling up to this vocabulary (a draft head's): H200, in graphs, its first version took
-# 16 µs at 1 x 32,000 against torch's 53, and lost at a target's 151,936 (16 rows: 103 µs against 81; one program a
-# row over 74 chunks' candidates). Its verdict wins at any vocabulary (docs/TUNING.md). Its tree of merges is not
-# measured yet: raise this to 1 << 20 (its limit) if benchmarks/sampling_cost.py's "kernels' filtered" beats "torch
-# filtered" at 1, 8 and 16 x 151,936 and 16 x 248,320.
-KERNEL_VOCAB = 32768
 
 
 @dataclass(frozen=True)
@@ -202,10 +196,10 @@ def filtered_draw(logits: torch.Tensor, mode: str, s: Sampler, out: Filtered | N
     return draw(rows, s.gen), rows
 
 
-def _kernels(logits: torch.Tensor, mode: str, verdict: bool = False):
-    """kernels/sampling where it runs these rows (the top-k mode, CUDA, the kernels on, their shapes), else None;
-    its filtered rows only up to KERNEL_VOCAB tokens (verdict: its acceptance, at any vocabulary)."""
-    if mode != TOP_K or (not verdict and logits.shape[-1] > KERNEL_VOCAB):
+def _kernels(logits: torch.Tensor, mode: str):
+    """kernels/sampling where it runs these rows (the top-k mode, CUDA, the kernels on, their shapes), else None.
+    They beat torch's at every vocabulary measured (H200, docs/TUNING.md "Sampling on the device")."""
+    if mode != TOP_K:
         return None
     kernels = ops.model_kernels(logits, "sampling")
     return kernels if kernels is not None and kernels.fits(logits, K_MAX) else None
@@ -288,7 +282,7 @@ def verdict(ids: torch.Tensor, logits: torch.Tensor, mode: str, feed=None) -> to
     k = ids.shape[0] - 1
     vocab = logits.shape[-1]
     p, q = filtered(logits, mode, s), s.q(mode, vocab)
-    kernels = _kernels(logits, mode, verdict=True)
+    kernels = _kernels(logits, mode)
     if kernels is not None and ids.is_contiguous():
         out = kernels.accept(ids, q.ids, q.probs, p.ids, p.probs)
     else:
