@@ -50,8 +50,9 @@ def cached_snapshot(repo: str, revision: str | None = None) -> Path | None:
 
 
 def _marker(snapshot: Path) -> Path:
-    """Where `_confirm` lists the files of `snapshot`: beside the repo's refs/ and snapshots/ (deleted with the repo;
-    huggingface_hub's cache scan reads only those), keyed by the patterns and the hub's version that judged it."""
+    """Where `_confirm` lists the files of `snapshot`: beside the repo's refs/ and snapshots/, as the hub's own
+    .no_exist/ is (deleted with the repo, passed over by its cache scan), keyed by the patterns and the hub version
+    that judged it."""
     import huggingface_hub
 
     key = hashlib.sha256("\n".join([huggingface_hub.__version__, *ALLOW_PATTERNS]).encode()).hexdigest()[:8]
