@@ -259,3 +259,30 @@ def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
     assert_one_line_error(cli("pull", "Org/Model"), "cannot reach the Hub", "Org/Model", "dflash pull")
     assert_one_line_error(cli("generate", "--model", "Org/Model", "-p", "hi"), "cannot reach the Hub")
+
+
+def test_a_snapshot_the_hub_found_complete_is_found_again_without_asking_it(hub_cache, tiny_model, monkeypatch):
+    import huggingface_hub
+    from dflash_cli import hub
+
+    asked = []
+    real = huggingface_hub.snapshot_download
+
+    def recorded(repo_id, **kw):
+        asked.append(repo_id)
+        return real(repo_id, **kw)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", recorded)
+    snap = fake_cached(hub_cache, "Org/Tiny", tiny_model).resolve()
+    assert hub.cached_snapshot("Org/Tiny") == snap and asked == ["Org/Tiny"]
+    assert hub.cached_snapshot("Org/Tiny") == snap and asked == ["Org/Tiny"]  # from the record
+    assert hub.cached_snapshot("Org/Tiny", snap.name) == snap and asked == ["Org/Tiny"]  # the commit itself
+    assert hub.size_on_disk(snap) == sum(f.stat().st_size for f in tiny_model.iterdir())  # the record is not in it
+
+    # What the hub judges again: a file gone since (an incomplete snapshot: its answer), a ref moved, another revision.
+    (snap / "tokenizer.json").unlink()
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: asked.append(repo_id) or 1 / 0)
+    assert hub.cached_snapshot("Org/Tiny") is None and len(asked) == 2
+    (snap.parents[1] / "refs" / "main").write_text("f" * 40)
+    assert hub.cached_snapshot("Org/Tiny") is None and len(asked) == 3
+    assert hub.cached_snapshot("Org/Tiny", "v2") is None and len(asked) == 4

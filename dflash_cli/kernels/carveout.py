@@ -12,12 +12,15 @@ percent of the most shared memory an SM has: 43 is 100 KB, leaving 156 KB of L1)
 from __future__ import annotations
 
 import ctypes
+import sys
 
 # Percent of an SM's unified L1 / shared memory given to shared memory, the same for every kernel of a step: two
 # 39 KB attention splits an SM fit, and the rest stays L1 for the products' weight loads (docs/TUNING.md).
 CARVEOUT = 43
 _PREFERRED = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 _done: set[int] = set()
+# The modules whose Triton kernels a step launches.
+STEP_MODULES = ("attention", "delta_rule", "dflash2", "elementwise", "greedy", "prefill_attention", "skinny_gemm")
 
 
 def compiled(modules) -> list:
@@ -31,10 +34,11 @@ def compiled(modules) -> list:
 
 def _handles():
     """The function handles of every Triton kernel and csrc/ cubin function of the step loaded so far."""
-    from . import attention, cubin, delta_rule, dflash2, elementwise, greedy, prefill_attention, skinny_gemm
+    from . import cubin
 
-    for _, kernel in compiled((attention, delta_rule, dflash2, elementwise, greedy, prefill_attention,
-                               skinny_gemm)):
+    # Only those imported already: one not imported has compiled nothing, and importing it would cost start-up time.
+    loaded = [sys.modules[m] for m in (f"{__package__}.{name}" for name in STEP_MODULES) if m in sys.modules]
+    for _, kernel in compiled(loaded):
         if getattr(kernel, "function", None):
             yield int(kernel.function)
     for module in cubin.loaded_modules():
