@@ -52,7 +52,11 @@ def build(src: Path, arch: str, flags: list[str]) -> bytes:
     compiler = nvcc()
     if compiler is None:
         raise RuntimeError("nvcc not found")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    # The compiler's identity from its file, not `nvcc --version` (a process on every start): a new toolkit is a new
+    # file (path, size or time)
+    real = Path(compiler).resolve()
+    stat = real.stat()
+    version = f"{real}:{stat.st_size}:{stat.st_mtime_ns}"
     key = hashlib.sha256(src.read_bytes() + arch.encode() + version.encode() + " ".join(flags).encode())
     key = key.hexdigest()[:16]
     cache = tuning.KNOBS.kernel_cache
