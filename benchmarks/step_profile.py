@@ -211,7 +211,6 @@ def graph_ms(fn, count: int = 1) -> float:
 def dflash2_pieces(d2, added: float):
     """DFlash 2's additions to a draft step one by one at the drafter's shapes (its block's rows), each a CUDA graph
     of as many calls as a step makes, against `added` ms (the replays' greedy DFlash 2 - DFlash)."""
-    from dflash_cli.kernels import dflash2 as kernels
     from dflash_cli.layers import ops
     from dflash_cli.models.dflash2 import CandidateSelector, convolve
     from dflash_cli.runtime import sampling
@@ -233,10 +232,6 @@ def dflash2_pieces(d2, added: float):
          lambda: ops.linear(x, conv.projection), True),
         (f"input convs ({c.kernel_size} taps, {c.groups} groups): {subs} x", subs,
          lambda: convolve(x, delta[:, 0], conv.base[0]), True),
-        *((f"  both in one kernel (project_conv, {gpp} groups a program): {subs} x", subs,
-           lambda gpp=gpp: (setattr(kernels, "PREPARE_GROUPS", gpp), kernels.project_conv(x, conv.projection,
-                                                                                          conv.base[0])), False)
-          for gpp in (1, 2, 4)),
         (f"output convs + residual add + next norm: {subs} x", subs,
          lambda: conv.finish(x, delta[:, 1], x, norm, eps), True),
         ("the first layer's norm (unfolded)", 1, lambda: ops.rms_norm(x, norm, eps), True),
@@ -249,10 +244,9 @@ def dflash2_pieces(d2, added: float):
          lambda: CandidateSelector.walk(candidates, scores, temperature, draw, noise), False),
     )
     print(f"DFlash 2's additions alone (CUDA graphs, a step's calls, {rows} rows, H {hidden}):")
-    greedy, groups = 0.0, kernels.PREPARE_GROUPS
+    greedy = 0.0
     for label, count, fn, summed in pieces:
         ms = graph_ms(fn, count)
-        kernels.PREPARE_GROUPS = groups
         greedy += ms if summed else 0.0
         print(f"  {ms * 1000:7.1f} us  {label}")
     print(f"  {greedy * 1000:7.1f} us  the greedy step's pieces together; DFlash 2 - DFlash in the replays: "

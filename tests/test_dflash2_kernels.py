@@ -44,21 +44,6 @@ CHECK = textwrap.dedent("""
                     want_h = convolve(x, delta, base, h)
                     assert rel(got_h, want_h) <= tol and rel(got_x, ops.rms_norm(want_h, weight, 1e-6)) <= tol
 
-    # A sublayer's start in one kernel (project_conv): the corrections' product and the input convolution, against
-    # DynamicConv.prepare's torch path; programs of 1 and 2 groups (the last one partly filled at 3 groups).
-    from dflash_cli.models.dflash2 import DynamicConv
-    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, BF16)):
-        for gpp in (1, 2):
-            kernel.PREPARE_GROUPS = gpp
-            for rows, taps, groups in ((1, 2, 4), (8, 2, 3), (16, 3, 2), (5, 1, 1)):
-                conv = DynamicConv(randn(2, taps, 48, dtype=dtype), randn(2 * taps * groups, 48, dtype=dtype) * 0.2)
-                x = randn(rows, 48, dtype=dtype)
-                assert kernel.project_conv_fits(x, conv.projection, conv.base[0])
-                got_y, got_d = kernel.project_conv(x, conv.projection, conv.base[0])
-                delta = ops.linear(x, conv.projection).view(rows, 2, taps, groups)
-                assert rel(got_d, delta) <= tol, (dtype, gpp, rows, taps, groups)
-                assert rel(got_y, convolve(x, delta[:, 0], conv.base[0])) <= tol, (dtype, gpp, rows, taps, groups)
-
     # The selector: K candidates of V tokens, rank R; the codebooks in float32 and bf16 (the model's dtype).
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, BF16)):
         for k, K, R, V in ((7, 16, 40, 300), (3, 5, 16, 50), (1, 64, 100, 500)):
@@ -149,9 +134,8 @@ DISPATCH = textwrap.dedent("""
     from dflash_cli.kernels import sampling
     sampling.CHUNK = 128  # the selector's top-k: three chunks of the 384 tokens (the interpreter is slow on big ones)
     calls = {}
-    module = counting(kernel, ("dynamic_conv", "project_conv", "conv_add_rms_norm", "top_k", "selector_scores",
-                               "selector_walk"), ("conv_fits", "project_conv_fits", "top_k_fits", "scores_fit",
-                                                  "walk_fits"), calls)
+    module = counting(kernel, ("dynamic_conv", "conv_add_rms_norm", "top_k", "selector_scores", "selector_walk"),
+                      ("conv_fits", "top_k_fits", "scores_fit", "walk_fits"), calls)
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     def run(params):
         session = Session(target, max_len=64, path="static")
@@ -165,7 +149,7 @@ DISPATCH = textwrap.dedent("""
         finally:
             ops.model_kernels = saved
         assert got == want, (params, got, want)
-    assert calls["project_conv"] >= 4 and calls["conv_add_rms_norm"] >= 4, calls
+    assert calls["dynamic_conv"] >= 4 and calls["conv_add_rms_norm"] >= 4, calls
     assert calls["top_k"] >= 2 and calls["selector_scores"] >= 2 and calls["selector_walk"] >= 2, calls
     print("ok", calls)
 """)

@@ -4,8 +4,6 @@
   calls per layer), with the sublayer's residual add where given. Each program a block of channels for every row.
   `conv_add_rms_norm`: the same convolution of a sublayer's output, its residual add and the next sublayer's
   RMSNorm, one program a row (a sublayer's end and the next one's start: the norm costs no launch of its own).
-- `project_conv`: a sublayer's start, its input's correction product and input convolution in one kernel, each
-  program the product's rows of its own channel groups (torch: the product, then dynamic_conv).
 - `top_k`: the candidate selector's top-K of each row's logits (kernels/sampling.top_k; torch: radix selection).
 - `selector_scores`: the candidate selector's scores [k, K, K] from the top-K candidates and their logits, the
   anchor and the rows' projected states (torch: a cat, two gathers, a product, a batched product and an add). One
@@ -30,7 +28,6 @@ from .sampling import top_k, top_k_fits  # noqa: F401 (the selector's candidates
 
 CONV_CHANNELS = 128  # channels per program of the convolution (Qwen3-4B's drafter: 20 programs)
 CONV_MAX_ROWS = 32  # block rows one convolution program holds
-PREPARE_GROUPS = 2  # channel groups a project_conv program projects and convolves (80 programs for the 4B drafter)
 # The convolutions compile without FP contraction: LLVM narrows their float32 ops to bf16 ones (exact: each rounds
 # once, as torch's), then fuses a tap's product into the next add (fma.rn.bf16), skipping the product's rounding
 # (13% of outputs one bf16 ulp off the reference on an H200).
@@ -95,67 +92,6 @@ def dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, resid
         GROUP=h // groups, TAPS=taps, BLOCK_T=max(2, triton.next_power_of_2(rows)), BLOCK_C=CONV_CHANNELS,
         RESIDUAL=residual is not None, **NO_FMA, **launch_options(x.device))
     return out
-
-
-@triton.jit
-def _project_conv_kernel(x_ptr, w_ptr, b_ptr, d_ptr, out_ptr, T, H, G, stride_x, GROUP: tl.constexpr,
-                         TAPS: tl.constexpr, GPP: tl.constexpr, BLOCK_T: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
-    pdl_start(PDL)
-    p = tl.program_id(0)
-    t = tl.arange(0, BLOCK_T)
-    # The program's projection rows: both corrections' taps for its GPP groups (row (s * TAPS + j) * G + g).
-    r = tl.arange(0, ROWS)
-    g = p * GPP + r % GPP
-    w_row = (r // GPP) * G + g
-    real_r = (r < 2 * TAPS * GPP) & (g < G)
-    real_t = t < T
-    acc = tl.zeros((BLOCK_T, ROWS), tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        hh = h0 + tl.arange(0, BLOCK_H)
-        xs = tl.load(x_ptr + t[:, None] * stride_x + hh[None, :], mask=real_t[:, None] & (hh[None, :] < H),
-                     other=0.0).to(tl.float32)
-        ws = tl.load(w_ptr + w_row[:, None] * H + hh[None, :], mask=real_r[:, None] & (hh[None, :] < H),
-                     other=0.0).to(tl.float32)
-        acc += tl.sum(xs[:, None, :] * ws[None, :, :], axis=2)
-    dt = out_ptr.dtype.element_ty
-    # delta [T, 2, TAPS, G] as the projection's product writes it (rounded to the model's dtype), then read back by
-    # the program's own convolution (its groups' input corrections: no other program's)
-    tl.store(d_ptr + t[:, None] * (2 * TAPS * G) + w_row[None, :], acc.to(dt), mask=real_t[:, None] & real_r[None, :])
-    tl.debug_barrier()
-    c = p * GPP * GROUP + tl.arange(0, BLOCK_C)[None, :]
-    inside = real_t[:, None] & (c < H) & (c < (p + 1) * GPP * GROUP)
-    out = _convolve_rows(x_ptr, d_ptr, b_ptr, t[:, None], c, inside, H, stride_x, 2 * TAPS * G, G, GROUP, TAPS, dt)
-    tl.store(out_ptr + t[:, None] * H + c, out.to(dt), mask=inside)
-
-
-def project_conv_fits(x: torch.Tensor, projection: torch.Tensor, base: torch.Tensor) -> bool:
-    """Whether `project_conv` takes these: one dtype, unit-stride channels, contiguous weights, at most
-    CONV_MAX_ROWS rows, whole channel groups."""
-    taps, h = base.shape
-    groups = projection.shape[0] // (2 * taps)
-    return (x.dim() == 2 and x.shape[0] <= CONV_MAX_ROWS and x.shape[1] == h and x.stride(1) == 1
-            and projection.is_contiguous() and base.is_contiguous() and projection.shape == (2 * taps * groups, h)
-            and groups > 0 and h % groups == 0 and x.dtype == projection.dtype == base.dtype)
-
-
-def project_conv(x: torch.Tensor, projection: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """DynamicConv.prepare in one kernel: x [T, H] (a sublayer's normed input), projection [2 * taps * G, H], the
-    input convolution's base [taps, H] -> (x convolved with its correction [T, H], both corrections
-    [T, 2, taps, G]). Each program projects and convolves PREPARE_GROUPS channel groups (torch: the product, then
-    dynamic_conv: two launches)."""
-    rows, h = x.shape
-    taps = base.shape[0]
-    groups = projection.shape[0] // (2 * taps)
-    group = h // groups
-    delta = torch.empty((rows, 2, taps, groups), dtype=x.dtype, device=x.device)
-    out = torch.empty((rows, h), dtype=x.dtype, device=x.device)
-    block_t, n_rows = max(2, triton.next_power_of_2(rows)), triton.next_power_of_2(2 * taps * PREPARE_GROUPS)
-    _project_conv_kernel[(triton.cdiv(groups, PREPARE_GROUPS),)](
-        x, projection, base, delta, out, rows, h, groups, x.stride(0), GROUP=group, TAPS=taps, GPP=PREPARE_GROUPS,
-        BLOCK_T=block_t, ROWS=n_rows, BLOCK_C=triton.next_power_of_2(PREPARE_GROUPS * group),
-        BLOCK_H=min(256, max(32, 8192 // (block_t * n_rows))), **NO_FMA, **launch_options(x.device))
-    return out, delta
 
 
 @triton.jit

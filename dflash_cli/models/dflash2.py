@@ -161,9 +161,6 @@ class DynamicConv:
 
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] (normed) -> (the input convolved, the output convolution's correction [T, taps, G])."""
-        if (k := ops.model_kernels(x, "dflash2")) and k.project_conv_fits(x, self.projection, self.base[0]):
-            y, delta = k.project_conv(x, self.projection, self.base[0])
-            return y, delta[:, 1]
         taps = self.base.shape[1]
         delta = ops.linear(x, self.projection).view(x.shape[0], 2, taps, -1)
         return convolve(x, delta[:, 0], self.base[0]), delta[:, 1]
