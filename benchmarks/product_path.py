@@ -211,8 +211,8 @@ def main() -> None:
     prompts.write_text(json.dumps({"prompt": text}) + "\n")
     first = generate("none", 0.0, prompt_file)  # the bare machine's first run: it compiles the kernels
     print(f"first run (kernel caches cold): {first}")
-    # Every mode's kernels compiled and its bytecode written once, at the table's length (a shorter run's context
-    # specialises some kernels otherwise: a DFlash row's graphs took 3.6 s, not 1.4, after 16-token warm-ups)
+    # Every mode's kernels compiled and its bytecode written once, at the table's length: after 16-token warm-ups a
+    # DFlash row's graphs took 3.6 s, not 1.4 (kernels for the table's context compiled then, presumably)
     for temp in TEMPS:
         for mode in MODES:
             generate(mode, temp, prompt_file)

@@ -162,10 +162,9 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
     if o.synthetic and o.temperature > 0:
         raise DflashError("--synthetic measures greedy steps: use --temperature 0")
     bt = BenchTarget(o)
-    # At T > 0 top-p / top-k as generate's: the flags, else the model's recommended values.
+    # At T > 0 top-p / top-k as generate's: the flags, else the model's recommended values (--synthetic is greedy).
     params = (bt.bundle.sampling(o.temperature, o.top_p, o.top_k, o.seed) if bt.bundle is not None
-              else SamplingParams(temperature=o.temperature, top_p=1.0 if o.top_p is None else o.top_p,
-                                  top_k=o.top_k or 0, seed=o.seed))
+              else SamplingParams(seed=o.seed))
     runs: list[ModeRun] = []
     plain_first: list[Result] | None = None
     # One session for every run: its cache and captured CUDA graphs are reused (reset = length 0).

@@ -142,7 +142,7 @@ def _lists(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, int, int]:
     keys = torch.empty((rows, chunks, k), dtype=torch.int64, device=logits.device)
     near = min(4 * k, CHUNK)
     packed = torch.empty((rows, chunks, near), dtype=torch.int64, device=logits.device)
-    # The floor's groups: two per K (~1.4 K logits reach it, whatever CHUNK), 16 logits a thread.
+    # The floor's groups: two per K (~1.4 K logits reach it, whatever CHUNK); 512 logits a warp, at most 8 warps.
     _chunk_top_kernel[(rows, chunks)](logits, logits.stride(0), vocab, keys, packed, chunks, K=k, BLOCK=CHUNK,
                                       GROUPS=min(2 * k, CHUNK), NEAR=near, IDX_BITS=IDX_BITS, LOWEST=LOWEST,
                                       num_warps=max(1, min(8, CHUNK // 512)), **launch_options(logits.device))
