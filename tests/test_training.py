@@ -168,8 +168,8 @@ def test_pipeline_is_deterministic_and_resumes_exactly(trained):
             break
         pauses.append(info["paused"]["stage"])
     assert "paused" not in info
-    assert {"target", "distill", "dflash-b4", "eagle3"} <= set(pauses)
-    for f in ("target", "work/dflash-b4", "eagle3"):
+    assert {"target", "distill", "dflash-b4", "dflash-b3", "eagle3"} <= set(pauses)
+    for f in ("target", "work/dflash-b4", "work/dflash-b3", "eagle3"):
         a = (tmp / "a" / f / "model.safetensors").read_bytes()
         b = (tmp / "b" / f / "model.safetensors").read_bytes()
         assert a == b, f

@@ -78,6 +78,7 @@ class _Run:
             s["seconds"] = round(s["seconds"] + took, 1)
             s["device"] = where
             s["finished"] = done
+            s["data"] = self.info.get("data", {}).get("digest")  # the corpus this run read (info["corpora"])
             self.write_info()
         self.note(f"{stage}: {took:.0f} s on {where} (this run; {s['seconds']:.0f} s in all)")
 
@@ -99,8 +100,15 @@ class _Run:
 
         with self.timed("data", "cpu"):
             data = corpus.collect(self.roots, p.max_corpus_bytes)
-            info["data"] = {"roots": [str(r) for r in self.roots], "files": data.files, "bytes": data.bytes,
-                            "held_out_files": len(data.held_out), "digest": data.digest}
+            # Stages may run on machines with different Python source (train on a GPU, measure on a CPU): every
+            # corpus a run read is kept, and each stage names its own. Held-out files are the same on both where
+            # their relative paths are (corpus._is_held_out).
+            corpora = info.setdefault("corpora", {})
+            if "digest" in info.get("data", {}):
+                corpora.setdefault(info["data"]["digest"], info["data"])
+            info["data"] = corpora[data.digest] = {
+                "roots": [str(r) for r in self.roots], "files": data.files, "bytes": data.bytes,
+                "held_out_files": len(data.held_out), "digest": data.digest}
             if not (tdir / "tokenizer.json").is_file():
                 if "tokenizer" not in stages:
                     raise DflashError(f"{tdir} has no tokenizer: run the tokenizer stage first")
@@ -133,8 +141,9 @@ class _Run:
         info["target_parameters"] = sum(t.numel() for t in target_tensors(target).values())
 
         first = work / f"dflash-b{p.block_size}"
-        needs_data = ("distill" in stages or ("dflash" in stages and not _done(first))
-                      or ("block" in stages and not _done(ddir)) or ("eagle3" in stages and not _done(edir)))
+        candidates = {b: work / f"dflash-b{b}" for b in (p.block_size, *p.block_sizes)}  # the first one first
+        needs_data = ("distill" in stages or ("dflash" in stages and not all(map(_done, candidates.values())))
+                      or ("eagle3" in stages and not _done(edir)))
         parts = work / "distill"
         last_part = parts / distill.part_name(distill.parts(p) - 1)  # written last: the data is complete
         if needs_data and not last_part.is_file():
@@ -145,13 +154,18 @@ class _Run:
             info["distill"] = {"sequences": int(seqs.tokens.shape[0]),
                                "target_tokens": int(seqs.produced().sum()), "width": int(seqs.tokens.shape[1])}
 
-        if not _done(first) and "dflash" in stages:
-            with self.timed(f"dflash-b{p.block_size}", here):
-                self.train_dflash(target, seqs, eos, mask, p.block_size, p.dflash_steps, first, None)
+        if "dflash" in stages:  # the first block size, then the others fine-tuned from it
+            for b, folder in candidates.items():
+                tuned = b != p.block_size  # fine-tuned from the first
+                if not _done(folder):
+                    with self.timed(folder.name, here):
+                        self.train_dflash(target, seqs, eos, mask, b, p.block_steps if tuned else p.dflash_steps,
+                                          folder, first if tuned else None)
         if not _done(ddir) and "block" in stages:
-            if not _done(first):
-                raise DflashError(f"{first} has no trained drafter: run the dflash stage first")
-            self.choose_block(target, seqs, eos, mask, tok, data, first, ddir, here)
+            missing = [f.name for f in candidates.values() if not _done(f)]
+            if missing:
+                raise DflashError(f"no trained drafter in {', '.join(missing)}: run the dflash stage first")
+            self.choose_block(tok, data, eos, candidates, ddir)
 
         if not _done(edir) and "eagle3" in stages:
             with self.timed("eagle3", here):
@@ -221,26 +235,18 @@ class _Run:
             drafter, _rows(seqs, p.dflash_batch, g), p.dflash_blocks, g), steps, p.drafter_lr)
         dflash_stage.export(drafter, p, eos, mask, folder)
 
-    def choose_block(self, target, seqs, eos, mask, tok, data, first: Path, ddir: Path, here: str) -> None:
-        """Fine-tunes a drafter for each other candidate block size from the first one, measures every candidate
-        on the held-out selection prompts (CPU, the demo's threads: tok/s = τ x steps/s, averaged over greedy and
-        T 0.6) and ships the fastest."""
+    def choose_block(self, tok, data, eos: int, folders: dict[int, Path], ddir: Path) -> None:
+        """Measures every candidate drafter (block size -> folder) on the held-out selection prompts (CPU, the
+        demo's threads: tok/s = τ x steps/s, averaged over greedy and T 0.6) and ships the fastest."""
         p = self.p
-        folders = {p.block_size: first}
-        for b in p.block_sizes:
-            if b == p.block_size:
-                continue
-            folders[b] = self.work / f"dflash-b{b}"
-            if not _done(folders[b]):
-                with self.timed(f"dflash-b{b}", here):
-                    self.train_dflash(target, seqs, eos, mask, b, p.block_steps, folders[b], first)
         where = f"cpu ({THREADS} threads)"
         with self.timed("block", where), cpu_threads(THREADS):
             scores = {}
             if len(folders) > 1:
                 cpu_target = _load_target(self.out / "target", CPU)
                 select = prompts.category_prompts(data.held_out, tok, p.eval_prompts, 64, prompts.SELECT)
-                r = evaluate(cpu_target, eos, select, p, {f"dflash-b{b}": f for b, f in folders.items()}, self.note)
+                r = evaluate(cpu_target, eos, select, p,
+                             {f"dflash-b{b}": f for b, f in folders.items()}, self.note)
                 for b in folders:
                     modes = [t[f"dflash-b{b}"] for t in r["temperatures"].values()]
                     scores[b] = {"tok_per_s": round(sum(m["tok_per_s"] for m in modes) / len(modes), 1),
