@@ -103,10 +103,11 @@ DEMO = Preset(
     # Taps (1, 2, 3, 4, 5): z-lab's build_target_layer_ids(8, 5) (dflash/model.py: 1 .. L-3, evenly spread).
     dflash_layers=5, dflash_target_layers=tuple(default_target_layers(8, 5)),
     # Block 16: z-lab's released b16 drafters and SpecForge's default; 8 is the other candidate (ModelOpt's default).
-    # 5000 steps of 64 rows: 4.9 passes over the rows (SpecForge's recipe: 6 epochs), sized to one 9-minute call.
+    # 7000 steps of 64 rows: 6.8 passes over the rows (SpecForge's recipe: 6 epochs); 325 s on an H200.
     # 32 anchors a row: SpecForge's --num-anchors 512 per --max-length 3072 (1 in 6 positions) on our ~200-token rows.
-    block_size=16, dflash_blocks=32, dflash_batch=64, dflash_steps=5000, block_sizes=(16, 8), block_steps=600,
-    draft_vocab=2048, ttt_steps=5, eagle3_steps=1500, draft_len=6, drafter_batch=64, drafter_lr=2e-3,
+    block_size=16, dflash_blocks=32, dflash_batch=64, dflash_steps=7000, block_sizes=(16, 8), block_steps=600,
+    # EAGLE-3 sees the same rows as the DFlash drafter (7000 steps of 64): the fair comparison.
+    draft_vocab=2048, ttt_steps=5, eagle3_steps=7000, draft_len=6, drafter_batch=64, drafter_lr=2e-3,
     eval_prompts=4, eval_tokens=128,
 )
 
