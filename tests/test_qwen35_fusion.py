@@ -4,6 +4,8 @@ products, on CPU where those products are their composition (float32)."""
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from dflash_cli.layers import ops
 from dflash_cli.models.mtp import MtpDrafter
 from dflash_cli.models.qwen35 import GatedAttention, Qwen35Model
 from dflash_cli.runtime.session import Session
+from interpret import run_interpreted
 from tiny import make_qwen35
 
 CAPTURE = (1, 3, 4)  # after a DeltaNet layer, after the last DeltaNet before attention, after the attention layer
@@ -94,3 +97,49 @@ def test_folded_mtp_drafts_as_the_unfolded_one(checkpoint, monkeypatch, fused):
         outs.append((rows, one, mtp.logits(one)))
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+KERNELS = textwrap.dedent("""
+    import sys
+    import torch
+    from dflash_cli.kernels import attention, elementwise
+    from dflash_cli.layers import ops
+    from dflash_cli.models.qwen35 import Qwen35Model
+    # The hybrid with the Triton kernels dispatched as on CUDA (the interpreter runs them on float32 CPU tensors): an
+    # eager prompt (q/k norm + partial RoPE kernel), then on device positions a 4-row span and a decode row (the split
+    # kernel's own norm, partial RoPE and KV write: attention_fresh) and 20 rows (past the fresh kernel: the norm +
+    # RoPE + write kernel, then the split kernel), against the torch reference.
+    model = Qwen35Model.load(sys.argv[1])
+    ids = torch.randint(0, model.cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    calls = {}
+    for module, name in ((elementwise, "qk_norm_rope"), (elementwise, "qk_norm_rope_write"),
+                         (attention, "attention_fresh"), (attention, "attention_window")):
+        def counted(*a, _fn=getattr(module, name), _name=name, **kw):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fn(*a, **kw)
+        setattr(module, name, counted)
+    reference, runs = ops.fast_kernels, []
+    for kernels in (False, True):
+        ops.fast_kernels = (lambda x: elementwise) if kernels else reference
+        cache = model.new_cache(64)
+        out = [model.forward(ids[:7], 0, cache, all_logits=True).logits]
+        for a, b in ((7, 11), (11, 12), (12, 32)):
+            out.append(model.forward_static(ids[a:b], torch.arange(a, b), cache, 48, all_logits=True).logits)
+        runs.append((out, cache.kv.k.clone()))
+    (want, want_k), (got, k) = runs
+    rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert rel(g, w) <= 1e-5, (i, rel(g, w))
+    assert rel(k, want_k) <= 1e-5
+    # One attention layer: the prompt's norm + RoPE, two fresh forwards, the long one's write and window.
+    assert calls == {"qk_norm_rope": 1, "attention_fresh": 2, "qk_norm_rope_write": 1, "attention_window": 1}, calls
+    print("ok")
+""")
+
+
+def test_gated_attention_with_the_kernels_matches_the_reference(tmp_path):
+    """The model's gated attention through the RoPE and attention kernels (a head of 64 dims, 16 of them rotated)
+    gives the torch reference's logits and cached keys."""
+    pytest.importorskip("triton")
+    d = make_qwen35(tmp_path / "t", seed=12, with_tokenizer=False, extras=False, head_dim=64)
+    run_interpreted(KERNELS, str(d), timeout=600)

@@ -155,10 +155,11 @@ def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span,
                  layer.k_norm, cfg.rms_norm_eps, scale, then=None if after is layer.o else layer.o)
 
 
-def read_after_qkv(layer: DecoderLayer, span, index: int):
+def read_after_qkv(layer, span, index: int):
     """What the qkv product warms into L2 after its own loads (ops.linear's `then`): the o projection's first rows,
     or over a window of more than KV_WARM_WINDOW keys the first rows of the layer's cached keys and values, which
-    the attention reads next (see KV_WARM_WINDOW)."""
+    the attention reads next (see KV_WARM_WINDOW). layer: what holds o (a DecoderLayer, Qwen3.5's GatedAttention);
+    index: its KV cache layer."""
     if getattr(span, "window", 0) > KV_WARM_WINDOW:
         return span.cache.k[index], span.cache.v[index]
     return layer.o

@@ -31,7 +31,7 @@ from ..layers.recurrent_state import HybridCache, RecurrentState
 from ..layers.spans import MAX_STEP_ROWS, Span, StaticSpan
 from ..loading.config import Qwen35Config
 from ..loading.weights import load_tensors
-from .decoder import fold_norms, run_layers
+from .decoder import fold_norms, read_after_qkv, run_layers
 from .qwen3 import ForwardOut
 
 TEXT = "model.language_model."  # the published multimodal checkpoints' text tower
@@ -258,14 +258,18 @@ def delta_net(c: Qwen35Config, m: GatedDeltaNet, slot: int, x: torch.Tensor, sta
 def gated_attention(c: Qwen35Config, a: GatedAttention, slot: int, x: torch.Tensor, span,
                     norm: float | None = None, squares: torch.Tensor | None = None) -> torch.Tensor:
     """Gated attention of the rows x [T, hidden] (normed, or as `delta_net`'s with norm and squares) against the
-    span's KV layer `slot` -> [T, H*D], before o_proj."""
-    d, nh, nkv, r = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.rotary_dim
-    q, k, v, gate = ops.linear(x, a.qkvg, then=a.o, norm=norm, squares=squares).split(
+    span's KV layer `slot` -> [T, H*D], before o_proj. q/k norm and the partial RoPE (the tables' rotary_dim columns)
+    run in one kernel on the GPU: with the KV write and the attention where the span can fuse them (`attend_fresh`,
+    as Qwen3's decoder.self_attention)."""
+    d, nh, nkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    after = read_after_qkv(a, span, slot)  # o, or over long windows the layer's cached keys and values
+    q, k, v, gate = ops.linear(x, a.qkvg, then=after, norm=norm, squares=squares).split(
         [nh * d, nkv * d, nkv * d, nh * d], dim=-1)
-    q = ops.rms_norm(q.reshape(-1, nh, d), a.q_norm, c.rms_norm_eps)
-    k = ops.rms_norm(k.reshape(-1, nkv, d), a.k_norm, c.rms_norm_eps)
-    cos, sin = span.cos, span.sin  # [T, rotary_dim]
-    q = torch.cat([ops.apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]], dim=-1)
-    k = torch.cat([ops.apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]], dim=-1)
-    out = span.attend(slot, q, k, v.reshape(-1, nkv, d), d**-0.5)
+    q, k, v = q.reshape(-1, nh, d), k.reshape(-1, nkv, d), v.reshape(-1, nkv, d)
+    fused = getattr(span, "attend_fresh", None)
+    if fused is None:
+        q, k = ops.qk_norm_rope(q, k, a.q_norm, a.k_norm, c.rms_norm_eps, span.cos, span.sin)
+        out = span.attend(slot, q, k, v, d**-0.5)
+    else:
+        out = fused(slot, q, k, v, a.q_norm, a.k_norm, c.rms_norm_eps, d**-0.5, then=None if after is a.o else a.o)
     return out * torch.sigmoid(gate)
