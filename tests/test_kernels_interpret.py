@@ -242,7 +242,7 @@ PARTIAL = textwrap.dedent("""
             qkv = torch.randn(t, (h + 2 * kv) * d).to(dt)
             q, kk, vv = (a.reshape(t, -1, d) for a in qkv.split([h * d, kv * d, kv * d], -1))
             wq, wk = (1 + 0.1 * torch.randn(d)).to(dt), (1 + 0.1 * torch.randn(d)).to(dt)
-            cos, sin = ops.rope_tables(r, 10000.0, 300, "cpu")
+            cos, sin = ops.rope_tables(r, 10000.0, 1300, "cpu")
             c, s = cos[5:8].contiguous(), sin[5:8].contiguous()
             assert torch.equal(ops.apply_rope(q, c, s), partial(q, c, s))
             got = k.apply_rope(q, c, s)
@@ -259,31 +259,39 @@ PARTIAL = textwrap.dedent("""
             with ops.reference_only():
                 ref_q2 = ops.qk_norm_rope_write(q, kk, vv, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos)
             assert rel(got_q2, ref_q2) <= tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref)
-            # The split kernel's own norm, RoPE and cache write (attention_fresh): a decode row (also with its first
-            # key block loaded early), a span over two splits, a non-causal block.
+            # The split kernel's own norm, RoPE and cache write (attention_fresh), ungated and with the merge's output
+            # gate (a view of the projection, as Qwen3.5's [q | k | v | gate] rows): a decode row (also with its
+            # first key block loaded early), a span over two splits, a non-causal block, 16 splits to merge.
             attention.SPLIT = 64
-            for t, pos0, window, causal in ((1, 200, 300, True), (3, 62, 300, True), (4, 120, 300, False)):
-                qkv = torch.randn(t, (h + 2 * kv) * d).to(dt)
-                qf, kf, vf = (a.reshape(t, -1, d) for a in qkv.split([h * d, kv * d, kv * d], -1))
+            for t, pos0, window, causal in ((1, 200, 300, True), (3, 62, 300, True), (4, 120, 300, False),
+                                            (2, 1000, 1200, True)):
+                qkvg = torch.randn(t, (2 * h + 2 * kv) * d).to(dt)
+                qf, kf, vf, gate = qkvg.split([h * d, kv * d, kv * d, h * d], -1)
+                qf, kf, vf = (a.reshape(t, -1, d) for a in (qf, kf, vf))
                 kc, vc = torch.randn(window + 8, kv, d).to(dt), torch.randn(window + 8, kv, d).to(dt)
-                kc_ref, vc_ref = kc.clone(), vc.clone()
                 pos = torch.arange(pos0, pos0 + t)
                 limit = pos if causal else pos[-1:].expand(t)
-                with ops.reference_only():
-                    ref = ops.attend_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos, window, limit,
-                                           d ** -0.5)
-                for early in ((False, True) if t == 1 else (False,)):
-                    attention.EARLY_KEYS = attention.EARLY_ONE = early
-                    kc_got, vc_got = kc.clone(), vc.clone()
-                    got = attention.attention_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_got, vc_got, pos, window,
-                                                    limit, d ** -0.5)
-                    assert rel(got, ref) <= 10 * tol and rel(kc_got, kc_ref) <= tol, (d, r, t, early)
-                    assert torch.equal(vc_got, vc_ref)
+                for g in (None, gate):
+                    kc_ref, vc_ref = kc.clone(), vc.clone()
+                    with ops.reference_only():
+                        ref = ops.attend_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos, window, limit,
+                                               d ** -0.5, gate=g)
+                    for early in ((False, True) if t == 1 else (False,)):
+                        attention.EARLY_KEYS = attention.EARLY_ONE = early
+                        kc_got, vc_got = kc.clone(), vc.clone()
+                        got = attention.attention_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_got, vc_got, pos,
+                                                        window, limit, d ** -0.5, gate=g)
+                        assert rel(got, ref) <= 10 * tol and rel(kc_got, kc_ref) <= tol, (d, r, t, early)
+                        assert torch.equal(vc_got, vc_ref)
+                    if g is not None:  # the reference: the ungated output times sigmoid(gate)
+                        assert torch.equal(ref, ops.output_gate(ungated, gate))
+                    ungated = ref
     print("ok")
 """)
 
 
-def test_partial_rope_kernels_match_reference_in_interpreter():
-    """RoPE of a head's first rotary dims only (Qwen3.5's gated attention): the RoPE, q/k norm + RoPE (+ KV write)
-    and fresh split attention kernels against the torch reference and the model's former slice-and-cat."""
+def test_partial_rope_and_gated_merge_match_reference_in_interpreter():
+    """RoPE of a head's first rotary dims only and the output gate (Qwen3.5's gated attention): the RoPE, q/k norm
+    + RoPE (+ KV write) kernels and the fresh split attention with its merge's gate against the torch reference and
+    the model's former slice-and-cat."""
     run_interpreted(PARTIAL, timeout=300)

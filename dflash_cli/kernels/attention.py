@@ -17,11 +17,12 @@ kernel). Where a row has many splits, its head dims are shared out over several
 merge programs, so that each reads all its splits in one load (merge_shape).
 A decode step's q, k and v can come straight from the projection (attention_fresh):
 the split programs then do the q/k norm, RoPE (or a partial RoPE of the first dims)
-and cache write themselves. In a decode step over a window of up to 4096 keys, the
-split and the merge let the kernels after them launch early. A sliding-window layer (a DFlash drafter's) also
-passes `low`, the first key each row sees: a specialisation of its own (WINDOWED),
-so full-attention layers compile the kernels they did; keys below every row's low
-are not loaded.
+and cache write themselves, and the merge multiplies in an output gate where one
+is given (Qwen3.5's gated attention). In a decode step over a window of up to 4096
+keys, the split and the merge let the kernels after them launch early. A
+sliding-window layer (a DFlash drafter's) also passes `low`, the first key each
+row sees: a specialisation of its own (WINDOWED), so full-attention layers compile
+the kernels they did; keys below every row's low are not loaded.
 """
 
 from __future__ import annotations
@@ -312,7 +313,10 @@ def _merge_kernel(part_o, part_ml, out_ptr, limit_ptr, stride_lt, T, NSPLIT: tl.
                   G: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, LEAST: tl.constexpr, CAP: tl.constexpr,
                   PROGRAMS: tl.constexpr, KVB: tl.constexpr, HOST_SPLIT: tl.constexpr, DYNAMIC: tl.constexpr,
-                  PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
+                  PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr, gate_ptr=None, stride_gt=0,
+                  GATED: tl.constexpr = False):
+    # GATED (Qwen3.5's gated attention): the output times sigmoid(gate), per head and dim, the gate [T, H*D] read
+    # after the wait (the product before the split wrote it), rounded as the torch reference (ops.output_gate).
     t0 = block_trace.now(TRACE)
     # The limits are the step's, written before its first layer: read while the split kernel still runs.
     split, length = _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T, LEAST, CAP, PROGRAMS, KVB, HOST_SPLIT,
@@ -342,7 +346,12 @@ def _merge_kernel(part_o, part_ml, out_ptr, limit_ptr, stride_lt, T, NSPLIT: tl.
             cw = tl.where(cm == float("-inf"), 0.0, tl.exp(cm - m))
             o = tl.load(part_o + crow[:, None] * D + offs_d[None, :], mask=(cs < used)[:, None], other=0.0)
             acc += tl.sum(o * cw[:, None], axis=0)
-        tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
+        dt = out_ptr.dtype.element_ty
+        o = acc / l
+        if GATED:
+            g = tl.load(gate_ptr + t * stride_gt + head * D + offs_d).to(tl.float32)
+            o = o.to(dt).to(tl.float32) * (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        tl.store(out_ptr + t * stride_ot + head * D + offs_d, o.to(dt))
     block_trace.record(trace_ptr, t0, t1, TRACE)
 
 
@@ -391,16 +400,18 @@ def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
 
 
 def attention_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
-                    limit, scale: float, warm=None, low=None) -> torch.Tensor:
+                    limit, scale: float, warm=None, low=None, gate=None) -> torch.Tensor:
     """ops.qk_norm_rope_write then attention_window over the cache's first `window` rows, in the split kernel:
     q, k, v [T, heads, D] straight from the projection, positions [T] consecutive, cos/sin whole tables [max
     positions, R] (R < D: a partial RoPE, the first R dims rotated). warm: (a uint8 tensor, bytes) that a decode
-    row's split programs ask into L2 once their keys are in (ops.split_warm), or None. low: as attention_window's."""
+    row's split programs ask into L2 once their keys are in (ops.split_warm), or None. low: as attention_window's.
+    gate [T, H*D] (unit stride in its last dim) or None: the output times sigmoid(gate), in the merge
+    (ops.output_gate)."""
     fresh = (k, v, q_weight, k_weight, eps, cos, sin, positions)
-    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh, warm, low)
+    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh, warm, low, gate)
 
 
-def _attend(q, k, v, limit, scale, fresh, warm=None, low=None) -> torch.Tensor:
+def _attend(q, k, v, limit, scale, fresh, warm=None, low=None, gate=None) -> torch.Tensor:
     t, h, d = q.shape
     s, kv, _ = k.shape
     g = h // kv
@@ -455,9 +466,11 @@ def _attend(q, k, v, limit, scale, fresh, warm=None, low=None) -> torch.Tensor:
                         **launch_options(q.device, launch_early, trigger=chain), **tuning, **windowed)
     dsplit, chunk = merge_shape(nsplit, d)
     grid = (kv, t * g, dsplit)
+    # A gated output (Qwen3.5): its own specialisation; ungated attention launches the merge it always did.
+    gated = {} if gate is None else dict(gate_ptr=gate, stride_gt=gate.stride(0), GATED=True)
     _merge_kernel[grid](part_o, part_ml, out, limit, limit.stride(0), t, nsplit, out.stride(0), G=g, D=d,
                         DB=d // dsplit, BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk, **sizing,
                         num_warps=MERGE_WARPS,
                         **block_trace.args("merge", grid, q),
-                        **launch_options(q.device, launch_early or chain, trigger=True))
+                        **launch_options(q.device, launch_early or chain, trigger=True), **gated)
     return out

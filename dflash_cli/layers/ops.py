@@ -365,20 +365,27 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cach
 
 
 def attend_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
-                 limit, scale: float, then=None, low=None) -> torch.Tensor:
+                 limit, scale: float, then=None, low=None, gate=None) -> torch.Tensor:
     """qk_norm_rope_write (q, k, v straight from the projection; positions consecutive), then attention_window
     over the cache's first `window` rows with `limit`. One kernel on the GPU where the rows fit: the attention's
     split programs normalise and rotate q and the new keys themselves. then: the weight read after the attention,
     whose first rows a decode row's split programs ask into L2 once their keys are in (the caller names it where the
-    product before the attention did not warm them). low: as attention_window's."""
+    product before the attention did not warm them). low: as attention_window's. gate [T, H*D] or None: the output
+    `output_gate`d, by the attention's last kernel on the GPU (its merge)."""
     if fast_kernels(q) and _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache):
         from ..kernels import attention as kernel
 
-        if kernel.supports_fresh(q, k_cache, window):
+        if kernel.supports_fresh(q, k_cache, window) and (gate is None or gate.stride(-1) == 1):
             return kernel.attention_fresh(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
-                                          window, limit, scale, split_warm(then), low)
+                                          window, limit, scale, split_warm(then), low, gate=gate)
     q = qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions)
-    return attention_window(q, k_cache[:window], v_cache[:window], limit, scale, low)
+    out = attention_window(q, k_cache[:window], v_cache[:window], limit, scale, low)
+    return out if gate is None else output_gate(out, gate)
+
+
+def output_gate(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """An attention output [T, H*D] times sigmoid(gate) [T, H*D], per head and dim (Qwen3.5's gated attention)."""
+    return out * torch.sigmoid(gate)
 
 
 # Bytes of the weight read after an attention (the o projection) that a decode row's split programs ask into L2 once

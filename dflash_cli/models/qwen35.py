@@ -259,8 +259,8 @@ def gated_attention(c: Qwen35Config, a: GatedAttention, slot: int, x: torch.Tens
                     norm: float | None = None, squares: torch.Tensor | None = None) -> torch.Tensor:
     """Gated attention of the rows x [T, hidden] (normed, or as `delta_net`'s with norm and squares) against the
     span's KV layer `slot` -> [T, H*D], before o_proj. q/k norm and the partial RoPE (the tables' rotary_dim columns)
-    run in one kernel on the GPU: with the KV write and the attention where the span can fuse them (`attend_fresh`,
-    as Qwen3's decoder.self_attention)."""
+    run in one kernel on the GPU: with the KV write, the attention and its output gate where the span can fuse them
+    (`attend_fresh`, as Qwen3's decoder.self_attention)."""
     d, nh, nkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
     after = read_after_qkv(a, span, slot)  # o, or over long windows the layer's cached keys and values
     q, k, v, gate = ops.linear(x, a.qkvg, then=after, norm=norm, squares=squares).split(
@@ -269,7 +269,6 @@ def gated_attention(c: Qwen35Config, a: GatedAttention, slot: int, x: torch.Tens
     fused = getattr(span, "attend_fresh", None)
     if fused is None:
         q, k = ops.qk_norm_rope(q, k, a.q_norm, a.k_norm, c.rms_norm_eps, span.cos, span.sin)
-        out = span.attend(slot, q, k, v, d**-0.5)
-    else:
-        out = fused(slot, q, k, v, a.q_norm, a.k_norm, c.rms_norm_eps, d**-0.5, then=None if after is a.o else a.o)
-    return out * torch.sigmoid(gate)
+        return ops.output_gate(span.attend(slot, q, k, v, d**-0.5), gate)
+    return fused(slot, q, k, v, a.q_norm, a.k_norm, c.rms_norm_eps, d**-0.5, then=None if after is a.o else a.o,
+                 gate=gate)
