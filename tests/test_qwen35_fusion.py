@@ -143,3 +143,41 @@ def test_gated_attention_with_the_kernels_matches_the_reference(tmp_path):
     pytest.importorskip("triton")
     d = make_qwen35(tmp_path / "t", seed=12, with_tokenizer=False, extras=False, head_dim=64)
     run_interpreted(KERNELS, str(d), timeout=600)
+
+
+def test_a_fused_decode_step_calls_one_op_per_kernel_it_launches(checkpoint, monkeypatch):
+    """What a one-row decode step of the folded hybrid asks of the ops (layers/ops.py) where the GPU's products take
+    its norms and adds (the calls the model, the fusion plan and the spans make; each one kernel on the GPU): per
+    layer its mixer's input product (normalising the stream), the output product and down leaving squares, gate/up;
+    per attention layer one fresh attention with its gate; then the final norm and the head. No norm, add, RoPE or
+    gate of its own anywhere (the ~110 elementwise kernels, 81 norms and RoPE index / cat kernels of the unfused
+    hybrid)."""
+    from dflash_cli.layers import fusion, spans
+    from dflash_cli.models import decoder, qwen35
+
+    model = folded(checkpoint, monkeypatch)
+    session = Session(model, 64, path="static")
+    session.forward([5, 9, 77, 3, 120])
+    monkeypatch.setattr(ops, "fuses_norms", lambda h, w: True)
+    calls: dict[str, int] = {}
+
+    class Counted:
+        """ops as the model's modules see it: every call counted by name (the ops' own inner calls are not)."""
+
+        def __getattr__(self, name):
+            fn = getattr(ops, name)
+
+            def call(*a, **kw):
+                calls[name] = calls.get(name, 0) + 1
+                if name == "attend_fresh":
+                    assert kw["gate"] is not None  # the output gate inside the attention
+                return fn(*a, **kw)
+            return call if callable(fn) else fn
+
+    for module in (qwen35, decoder, fusion, spans):
+        monkeypatch.setattr(module, "ops", Counted())
+    session.forward([12])
+    layers, attention = len(model.layers), len(model.cfg.attention_layers)
+    plan = {"fuses_norms": 1, "fuses_mlp_norm": 1, "fuses_squares": 1}  # the forward's fusion plan, once
+    assert calls == {**plan, "linear": layers, "linear_squares": 2 * layers, "swiglu": layers,
+                     "attend_fresh": attention, "rms_norm": 1, "logits": 1}, calls

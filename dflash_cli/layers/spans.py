@@ -107,7 +107,7 @@ class StaticSpan:
         the GPU to warm; gate: an output gate (ops.attend_fresh)."""
         limit, low = self._layer_bounds(layer)
         return ops.attend_fresh(q, k, v, q_norm, k_norm, eps, *self.tables, self.cache.k[layer],
-                                self.cache.v[layer], self.positions, self.window, limit, scale, then, low, gate)
+                                self.cache.v[layer], self.positions, self.window, limit, scale, then, low, gate=gate)
 
     def _attend_cache(self, layer: int, q, scale: float) -> torch.Tensor:
         w = self.window
