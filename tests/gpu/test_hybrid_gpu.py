@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 PROMPT, STEPS = 300, 16
 # Relative L2 error of the decode steps' logits, fused bf16 against unfolded bf16: both round every product's output
-# to bf16 (the DFlash drafter's folded check allows 3e-2 for the same kind of difference).
-FUSED_VS_PLAIN = 3e-2
+# to bf16, through 32 layers here (the DFlash drafter's folded check allows 3e-2 through its 5).
+FUSED_VS_PLAIN = 5e-2
 # The fused path's error against fp32 may exceed the unfolded path's by this factor (and 1e-3): folding rounds the
 # weights once more, and nothing else should cost accuracy.
 FUSED_VS_FP32 = 1.5
