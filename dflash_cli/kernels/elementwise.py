@@ -135,15 +135,15 @@ def rope_cos_sin(cos_ptr, sin_ptr, at, d, mask, D: tl.constexpr, R: tl.constexpr
             rotated = d < R
         else:
             rotated = mask & (d < R)
-        c = tl.load(cos_ptr + at + d, mask=rotated, other=1.0)
-        s = tl.load(sin_ptr + at + d, mask=rotated, other=0.0)
+        c = tl.load(cos_ptr + at + d, mask=rotated, other=1.0).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + at + d, mask=rotated, other=0.0).to(dt).to(tl.float32)
     elif mask is None:
-        c = tl.load(cos_ptr + at + d)
-        s = tl.load(sin_ptr + at + d)
+        c = tl.load(cos_ptr + at + d).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + at + d).to(dt).to(tl.float32)
     else:
-        c = tl.load(cos_ptr + at + d, mask=mask, other=0.0)
-        s = tl.load(sin_ptr + at + d, mask=mask, other=0.0)
-    return c.to(dt).to(tl.float32), s.to(dt).to(tl.float32)
+        c = tl.load(cos_ptr + at + d, mask=mask, other=0.0).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + at + d, mask=mask, other=0.0).to(dt).to(tl.float32)
+    return c, s
 
 
 @triton.jit
