@@ -222,3 +222,76 @@ WINDOWED = textwrap.dedent("""
 
 def test_sliding_window_kernels_match_reference_in_interpreter():
     run_interpreted(WINDOWED, timeout=300)
+
+
+PARTIAL = textwrap.dedent("""
+    import torch
+    from dflash_cli.layers import ops
+    from dflash_cli.kernels import attention, elementwise as k
+    torch.manual_seed(0)
+    def rel(a, b):
+        return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+    def partial(x, cos, sin):  # a partial RoPE as Qwen3.5's model code wrote it: the first r dims rotated, then cat
+        r = cos.shape[-1]
+        return torch.cat([ops.apply_rope(x[..., :r].contiguous(), cos, sin), x[..., r:]], dim=-1)
+    # A partial RoPE (Qwen3.5: a quarter of the head's dims) in the RoPE kernels: tables of R columns, the first R
+    # dims rotated, the others passed through, against the torch reference, which is the cat of the model's old code.
+    for dt, tol in ((torch.float32, 1e-6), (torch.float16, 1e-3)):
+        for d, r in ((16, 4), (64, 16), (32, 32)):
+            t, h, kv = 3, 4, 2
+            qkv = torch.randn(t, (h + 2 * kv) * d).to(dt)
+            q, kk, vv = (a.reshape(t, -1, d) for a in qkv.split([h * d, kv * d, kv * d], -1))
+            wq, wk = (1 + 0.1 * torch.randn(d)).to(dt), (1 + 0.1 * torch.randn(d)).to(dt)
+            cos, sin = ops.rope_tables(r, 10000.0, 1300, "cpu")
+            c, s = cos[5:8].contiguous(), sin[5:8].contiguous()
+            assert torch.equal(ops.apply_rope(q, c, s), partial(q, c, s))
+            got = k.apply_rope(q, c, s)
+            assert rel(got, partial(q, c, s)) <= tol and torch.equal(got[..., r:], q[..., r:]), (d, r)
+            got_q, got_k = k.qk_norm_rope(q, kk, wq, wk, 1e-6, c, s)
+            with ops.reference_only():
+                ref_q, ref_k = ops.qk_norm_rope(q, kk, wq, wk, 1e-6, c, s)
+            assert rel(got_q, partial(ops.rms_norm(q, wq, 1e-6), c, s)) <= tol and rel(got_k, ref_k) <= tol
+            assert torch.equal(got_q[..., r:], k.rms_norm(q, wq, 1e-6)[..., r:])  # unrotated dims: the norm's
+            pos = torch.tensor([5, 6, 7])
+            kc, vc = torch.zeros(12, kv, d).to(dt), torch.zeros(12, kv, d).to(dt)
+            kc_ref, vc_ref = kc.clone(), vc.clone()
+            got_q2 = k.qk_norm_rope_write(q, kk, vv, wq, wk, 1e-6, cos, sin, kc, vc, pos)
+            with ops.reference_only():
+                ref_q2 = ops.qk_norm_rope_write(q, kk, vv, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos)
+            assert rel(got_q2, ref_q2) <= tol and rel(kc, kc_ref) <= tol and torch.equal(vc, vc_ref)
+            # The split kernel's own norm, RoPE and cache write (attention_fresh), ungated and with the merge's output
+            # gate (a view of the projection, as Qwen3.5's [q | k | v | gate] rows): a decode row (also with its
+            # first key block loaded early), a span over two splits, a non-causal block, 16 splits to merge.
+            attention.SPLIT = 64
+            for t, pos0, window, causal in ((1, 200, 300, True), (3, 62, 300, True), (4, 120, 300, False),
+                                            (2, 1000, 1200, True)):
+                qkvg = torch.randn(t, (2 * h + 2 * kv) * d).to(dt)
+                qf, kf, vf, gate = qkvg.split([h * d, kv * d, kv * d, h * d], -1)
+                qf, kf, vf = (a.reshape(t, -1, d) for a in (qf, kf, vf))
+                kc, vc = torch.randn(window + 8, kv, d).to(dt), torch.randn(window + 8, kv, d).to(dt)
+                pos = torch.arange(pos0, pos0 + t)
+                limit = pos if causal else pos[-1:].expand(t)
+                for g in (None, gate):
+                    kc_ref, vc_ref = kc.clone(), vc.clone()
+                    with ops.reference_only():
+                        ref = ops.attend_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_ref, vc_ref, pos, window, limit,
+                                               d ** -0.5, gate=g)
+                    for early in ((False, True) if t == 1 else (False,)):
+                        attention.EARLY_KEYS = attention.EARLY_ONE = early
+                        kc_got, vc_got = kc.clone(), vc.clone()
+                        got = attention.attention_fresh(qf, kf, vf, wq, wk, 1e-6, cos, sin, kc_got, vc_got, pos,
+                                                        window, limit, d ** -0.5, gate=g)
+                        assert rel(got, ref) <= 10 * tol and rel(kc_got, kc_ref) <= tol, (d, r, t, early)
+                        assert torch.equal(vc_got, vc_ref)
+                    if g is not None:  # the reference: the ungated output times sigmoid(gate)
+                        assert torch.equal(ref, ops.output_gate(ungated, gate))
+                    ungated = ref
+    print("ok")
+""")
+
+
+def test_partial_rope_and_gated_merge_match_reference_in_interpreter():
+    """RoPE of a head's first rotary dims only and the output gate (Qwen3.5's gated attention): the RoPE, q/k norm
+    + RoPE (+ KV write) kernels and the fresh split attention with its merge's gate against the torch reference and
+    the model's former slice-and-cat."""
+    run_interpreted(PARTIAL, timeout=300)

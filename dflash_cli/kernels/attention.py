@@ -16,12 +16,13 @@ memory latency per split: at context 8192 that merge took longer than the split
 kernel). Where a row has many splits, its head dims are shared out over several
 merge programs, so that each reads all its splits in one load (merge_shape).
 A decode step's q, k and v can come straight from the projection (attention_fresh):
-the split programs then do the q/k norm, RoPE and cache write themselves. In a
-decode step over a window of up to 4096 keys, the split and the merge let the
-kernels after them launch early. A sliding-window layer (a DFlash drafter's) also
-passes `low`, the first key each row sees: a specialisation of its own (WINDOWED),
-so full-attention layers compile the kernels they did; keys below every row's low
-are not loaded.
+the split programs then do the q/k norm, RoPE (or a partial RoPE of the first dims)
+and cache write themselves, and the merge multiplies in an output gate where one
+is given (Qwen3.5's gated attention). In a decode step over a window of up to 4096
+keys, the split and the merge let the kernels after them launch early. A
+sliding-window layer (a DFlash drafter's) also passes `low`, the first key each
+row sees: a specialisation of its own (WINDOWED), so full-attention layers compile
+the kernels they did; keys below every row's low are not loaded.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import triton
 import triton.language as tl
 
 from . import block_trace
-from .elementwise import norm_rope
+from .elementwise import norm_rope, rope_cos_sin, rope_pair
 from . import pdl
 from .pdl import launch_options, start as pdl_start
 
@@ -82,17 +83,17 @@ EARLY_ONE = False
 
 
 @triton.jit
-def _norm_rope_rows(base, mask, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constexpr, dt: tl.constexpr):
-    """Head vectors at the row pointers base [R]: RMSNorm by w, then RoPE at the rows' positions pos [R]
-    (elementwise.norm_rope) -> [R, D] in dt."""
+def _norm_rope_rows(base, mask, w_ptr, cos_ptr, sin_ptr, pos, eps, D: tl.constexpr, R: tl.constexpr,
+                    dt: tl.constexpr):
+    """Head vectors at the row pointers base [N]: RMSNorm by w, then RoPE of their first R dims at the rows'
+    positions pos [N] (tables of R columns; elementwise.norm_rope) -> [N, D] in dt."""
     offs = tl.arange(0, D)
-    pair = (offs + D // 2) % D  # rotate_half's partner of each dim
+    pair = rope_pair(D, R)
     x = tl.load(base[:, None] + offs[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
     xp = tl.load(base[:, None] + pair[None, :], mask=mask[:, None], other=0.0).to(tl.float32)
-    c = tl.load(cos_ptr + pos[:, None] * D + offs[None, :], mask=mask[:, None], other=0.0).to(dt).to(tl.float32)
-    s = tl.load(sin_ptr + pos[:, None] * D + offs[None, :], mask=mask[:, None], other=0.0).to(dt).to(tl.float32)
+    c, s = rope_cos_sin(cos_ptr, sin_ptr, pos[:, None] * R, offs[None, :], mask[:, None], D, R, dt)
     return norm_rope(x, xp, tl.load(w_ptr + offs).to(tl.float32), tl.load(w_ptr + pair).to(tl.float32), c, s, eps,
-                     D, dt)
+                     D, R, dt)
 
 
 @triton.jit
@@ -194,14 +195,15 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                   G: tl.constexpr, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
                   LEAST: tl.constexpr, CAP: tl.constexpr, PROGRAMS: tl.constexpr, KVB: tl.constexpr,
                   HOST_SPLIT: tl.constexpr, DYNAMIC: tl.constexpr,
-                  FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+                  FRESH: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr, R: tl.constexpr,
                   ROWS: tl.constexpr, TRACE: tl.constexpr, EARLY: tl.constexpr = False,
                   warm_ptr=None, warm_bytes=0, WARM: tl.constexpr = False, WARM_STEPS: tl.constexpr = 1,
                   WARM_THREADS: tl.constexpr = 128, low_ptr=None, WINDOWED: tl.constexpr = False):
     # FRESH: q, k, v come straight from the projection (q_ptr, kn_ptr, vn_ptr) for the rows at pos_ptr
-    # (consecutive): every program normalises and rotates q itself, and a program whose split holds some of the
-    # rows' positions first stores those new keys (normed, rotated) and values into the cache. The new keys were
-    # attended from registers in a block of their own instead: that needed 255 registers and spilled.
+    # (consecutive): every program normalises and rotates q itself (its first R dims, the tables' columns: R < D is
+    # a partial RoPE), and a program whose split holds some of the rows' positions first stores those new keys
+    # (normed, rotated) and values into the cache. The new keys were attended from registers in a block of their
+    # own instead: that needed 255 registers and spilled.
     # A group's ROWS query rows (t * G + head in the group) are shared out in blocks of BLOCK_R over
     # program_id(2): a fresh span's programs then hold few rows (64 spilled), each block its own programs.
     # EARLY (one fresh row, see EARLY_KEYS): the row's limit and the split's first key block before it are loaded
@@ -242,7 +244,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
             pos_j = first_new + j
             jmask = (j < T) & (pos_j >= sp * split) & (pos_j < (sp + 1) * split)
             kf = _norm_rope_rows(kn_ptr + j * stride_knt + kvh * stride_knh, jmask, kw_ptr, cos_ptr, sin_ptr,
-                                 pos_j, eps, D, dt)
+                                 pos_j, eps, D, R, dt)
             vf = tl.load(vn_ptr + j[:, None] * stride_vnt + kvh * stride_vnh + offs_d[None, :],
                          mask=jmask[:, None], other=0.0)
             tl.store(k_ptr + pos_j[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], kf, mask=jmask[:, None])
@@ -253,7 +255,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, limit_ptr, part_o, part_ml, T, NSPLIT, st
                 v_0 = tl.where(new_0, vf, v_0)
             tl.debug_barrier()  # stored before any thread of this program loads them below
         q = _norm_rope_rows(q_rows, rmask, qw_ptr, cos_ptr, sin_ptr, tl.load(pos_ptr + t, mask=rmask, other=0),
-                            eps, D, dt)
+                            eps, D, R, dt)
     else:
         q = tl.load(q_rows[:, None] + offs_d[None, :], mask=rmask[:, None], other=0.0)
     if not EARLY:
@@ -311,7 +313,10 @@ def _merge_kernel(part_o, part_ml, out_ptr, limit_ptr, stride_lt, T, NSPLIT: tl.
                   G: tl.constexpr, D: tl.constexpr, DB: tl.constexpr, BLOCK_R: tl.constexpr, SPLITS_P2: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, LEAST: tl.constexpr, CAP: tl.constexpr,
                   PROGRAMS: tl.constexpr, KVB: tl.constexpr, HOST_SPLIT: tl.constexpr, DYNAMIC: tl.constexpr,
-                  PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
+                  PDL: tl.constexpr, trace_ptr, TRACE: tl.constexpr, gate_ptr=None, stride_gt=0,
+                  GATED: tl.constexpr = False):
+    # GATED (Qwen3.5's gated attention): the output times sigmoid(gate), per head and dim, the gate [T, H*D] read
+    # after the wait (the product before the split wrote it), rounded as the torch reference (ops.output_gate).
     t0 = block_trace.now(TRACE)
     # The limits are the step's, written before its first layer: read while the split kernel still runs.
     split, length = _split_size(limit_ptr, T, stride_lt, NSPLIT, BLOCK_T, LEAST, CAP, PROGRAMS, KVB, HOST_SPLIT,
@@ -341,7 +346,12 @@ def _merge_kernel(part_o, part_ml, out_ptr, limit_ptr, stride_lt, T, NSPLIT: tl.
             cw = tl.where(cm == float("-inf"), 0.0, tl.exp(cm - m))
             o = tl.load(part_o + crow[:, None] * D + offs_d[None, :], mask=(cs < used)[:, None], other=0.0)
             acc += tl.sum(o * cw[:, None], axis=0)
-        tl.store(out_ptr + t * stride_ot + head * D + offs_d, (acc / l).to(out_ptr.dtype.element_ty))
+        dt = out_ptr.dtype.element_ty
+        o = acc / l
+        if GATED:
+            g = tl.load(gate_ptr + t * stride_gt + head * D + offs_d).to(tl.float32)
+            o = o.to(dt).to(tl.float32) * (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        tl.store(out_ptr + t * stride_ot + head * D + offs_d, o.to(dt))
     block_trace.record(trace_ptr, t0, t1, TRACE)
 
 
@@ -390,16 +400,18 @@ def supports_fresh(q: torch.Tensor, k_cache: torch.Tensor, window: int) -> bool:
 
 
 def attention_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
-                    limit, scale: float, warm=None, low=None) -> torch.Tensor:
+                    limit, scale: float, warm=None, low=None, gate=None) -> torch.Tensor:
     """ops.qk_norm_rope_write then attention_window over the cache's first `window` rows, in the split kernel:
-    q, k, v [T, heads, D] straight from the projection, positions [T] consecutive, cos/sin whole tables. warm: (a
-    uint8 tensor, bytes) that a decode row's split programs ask into L2 once their keys are in (ops.split_warm), or
-    None. low: as attention_window's."""
+    q, k, v [T, heads, D] straight from the projection, positions [T] consecutive, cos/sin whole tables [max
+    positions, R] (R < D: a partial RoPE, the first R dims rotated). warm: (a uint8 tensor, bytes) that a decode
+    row's split programs ask into L2 once their keys are in (ops.split_warm), or None. low: as attention_window's.
+    gate [T, H*D] (unit stride in its last dim) or None: the output times sigmoid(gate), in the merge
+    (ops.output_gate)."""
     fresh = (k, v, q_weight, k_weight, eps, cos, sin, positions)
-    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh, warm, low)
+    return _attend(q, k_cache[:window], v_cache[:window], limit, scale, fresh, warm, low, gate)
 
 
-def _attend(q, k, v, limit, scale, fresh, warm=None, low=None) -> torch.Tensor:
+def _attend(q, k, v, limit, scale, fresh, warm=None, low=None, gate=None) -> torch.Tensor:
     t, h, d = q.shape
     s, kv, _ = k.shape
     g = h // kv
@@ -445,7 +457,8 @@ def _attend(q, k, v, limit, scale, fresh, warm=None, low=None) -> torch.Tensor:
     _split_kernel[grid](q, k, v, limit, part_o, part_ml, t, nsplit, limit.stride(0), q.stride(0),
                         q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), scale,
                         kn, vn, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), qw, kw, cos,
-                        sin, pos, eps, G=g, D=d, BLOCK_R=block_r, BLOCK_S=block_s, **sizing,
+                        sin, pos, eps, G=g, D=d, R=cos.shape[-1] if fresh else d, BLOCK_R=block_r,
+                        BLOCK_S=block_s, **sizing,
                         FRESH=fresh is not None, ROWS=rows, EARLY=early,
                         warm_ptr=warm[0] if warm else k, warm_bytes=warm[1] if warm else 0, WARM=warm is not None,
                         WARM_STEPS=warm_steps, WARM_THREADS=threads,
@@ -453,9 +466,11 @@ def _attend(q, k, v, limit, scale, fresh, warm=None, low=None) -> torch.Tensor:
                         **launch_options(q.device, launch_early, trigger=chain), **tuning, **windowed)
     dsplit, chunk = merge_shape(nsplit, d)
     grid = (kv, t * g, dsplit)
+    # A gated output (Qwen3.5): its own specialisation; ungated attention launches the merge it always did.
+    gated = {} if gate is None else dict(gate_ptr=gate, stride_gt=gate.stride(0), GATED=True)
     _merge_kernel[grid](part_o, part_ml, out, limit, limit.stride(0), t, nsplit, out.stride(0), G=g, D=d,
                         DB=d // dsplit, BLOCK_R=rows, SPLITS_P2=triton.next_power_of_2(nsplit), CHUNK=chunk, **sizing,
                         num_warps=MERGE_WARPS,
                         **block_trace.args("merge", grid, q),
-                        **launch_options(q.device, launch_early or chain, trigger=True))
+                        **launch_options(q.device, launch_early or chain, trigger=True), **gated)
     return out

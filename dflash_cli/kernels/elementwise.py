@@ -46,24 +46,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_t, stride_h, D: tl.constexpr, PDL: tl.constexpr):
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, H, stride_t, stride_h, D: tl.constexpr, R: tl.constexpr,
+                 PDL: tl.constexpr):
     pdl_start(PDL)
     row = tl.program_id(0)
     t, h = row // H, row % H
     offs = tl.arange(0, D)
     base = x_ptr + t * stride_t + h * stride_h
     dt = out_ptr.dtype.element_ty
-    c = tl.load(cos_ptr + t * D + offs).to(dt).to(tl.float32)
-    s = tl.load(sin_ptr + t * D + offs).to(dt).to(tl.float32)
-    y = rope(tl.load(base + offs).to(tl.float32), tl.load(base + (offs + D // 2) % D).to(tl.float32), c, s, D, dt)
+    c, s = rope_cos_sin(cos_ptr, sin_ptr, t * R, offs, None, D, R, dt)
+    y = rope(tl.load(base + offs).to(tl.float32), tl.load(base + rope_pair(D, R)).to(tl.float32), c, s, D, R, dt)
     tl.store(out_ptr + row * D + offs, y)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated on its first R dims by the rows' cos/sin [T, R] (R <= D); the others pass through."""
     t, h, d = x.shape
     assert x.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
     out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
-    _rope_kernel[(t * h,)](x, cos, sin, out, h, x.stride(0), x.stride(1), D=d, **launch_options(x.device))
+    _rope_kernel[(t * h,)](x, cos, sin, out, h, x.stride(0), x.stride(1), D=d, R=cos.shape[-1],
+                           **launch_options(x.device))
     return out
 
 
@@ -92,35 +94,69 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def norm_rope(x, xp, w, wp, c, s, eps, D: tl.constexpr, dt: tl.constexpr):
-    """RMSNorm by w, then RoPE, of head vectors x [..., D] in float32, rounded step by step as the torch
-    reference (ops.qk_norm_rope) rounds -> [..., D] in dt. xp, wp: x and w at each dim's rotate_half partner
-    ((d + D/2) % D); c, s: the rows' cos and sin, already rounded to dt. The split attention kernel's own norm
-    and RoPE of fresh rows use it too, so both paths write the same keys."""
+def norm_rope(x, xp, w, wp, c, s, eps, D: tl.constexpr, R: tl.constexpr, dt: tl.constexpr):
+    """RMSNorm by w, then RoPE of the first R dims, of head vectors x [..., D] in float32, rounded step by step as
+    the torch reference (ops.qk_norm_rope) rounds -> [..., D] in dt. xp, wp: x and w at each dim's rotate_half
+    partner (`rope_pair`); c, s: the rows' cos and sin over the D dims (`rope_cos_sin`). The split attention
+    kernel's own norm and RoPE of fresh rows use it too, so both paths write the same keys."""
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=-1, keep_dims=True) / D + eps)
     y = ((x * r).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
     yp = ((xp * r).to(dt).to(tl.float32) * wp).to(dt).to(tl.float32)
-    return rope(y, yp, c, s, D, dt)
+    return rope(y, yp, c, s, D, R, dt)
 
 
 @triton.jit
-def rope(y, yp, c, s, D: tl.constexpr, dt: tl.constexpr):
-    """RoPE of head vectors y [..., D] in float32 (yp: y at each dim's rotate_half partner), the reference's
-    x * cos + cat(-x2, x1) * sin with each product rounded to dt -> [..., D] in dt."""
-    sign = tl.where(tl.arange(0, D) < D // 2, -1.0, 1.0)
+def rope(y, yp, c, s, D: tl.constexpr, R: tl.constexpr, dt: tl.constexpr):
+    """RoPE of the first R dims of head vectors y [..., D] in float32 (yp: y at each dim's rotate_half partner), the
+    reference's x * cos + cat(-x2, x1) * sin with each product rounded to dt -> [..., D] in dt. Past R, cos 1 and
+    sin 0 (`rope_cos_sin`) leave y as it is: a partial RoPE's unrotated dims (Qwen3.5)."""
+    sign = tl.where(tl.arange(0, D) < R // 2, -1.0, 1.0)
     return ((y * c).to(dt).to(tl.float32) + (sign * yp * s).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
+def rope_pair(D: tl.constexpr, R: tl.constexpr):
+    """Each of D dims' rotate_half partner: (d + R/2) % R among the first R (rotated) dims; past them, itself."""
+    offs = tl.arange(0, D)
+    if R == D:
+        pair = (offs + D // 2) % D
+    else:
+        pair = tl.where(offs < R, (offs + R // 2) % R, offs)
+    return pair
+
+
+@triton.jit
+def rope_cos_sin(cos_ptr, sin_ptr, at, d, mask, D: tl.constexpr, R: tl.constexpr, dt: tl.constexpr):
+    """cos and sin of dims d from tables of R columns, at `at` (row * R, broadcast against d; mask: the rows loaded,
+    or None for all), in float32 rounded to dt as the reference rounds them. Dims from R on (a partial RoPE's) get
+    cos 1 and sin 0, so `rope` passes them through."""
+    if R < D:
+        if mask is None:
+            rotated = d < R
+        else:
+            rotated = mask & (d < R)
+        c = tl.load(cos_ptr + at + d, mask=rotated, other=1.0).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + at + d, mask=rotated, other=0.0).to(dt).to(tl.float32)
+    elif mask is None:
+        c = tl.load(cos_ptr + at + d).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + at + d).to(dt).to(tl.float32)
+    else:
+        c = tl.load(cos_ptr + at + d, mask=mask, other=0.0).to(dt).to(tl.float32)
+        s = tl.load(sin_ptr + at + d, mask=mask, other=0.0).to(dt).to(tl.float32)
+    return c, s
 
 
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, q_out, k_out, v_out, H, KV,
                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, eps,
                          stride_kl, stride_vl, stride_wl, stride_ol, trace_ptr,
-                         D: tl.constexpr, WRITE: tl.constexpr, PDL: tl.constexpr, TRACE: tl.constexpr):
+                         D: tl.constexpr, R: tl.constexpr, WRITE: tl.constexpr, PDL: tl.constexpr,
+                         TRACE: tl.constexpr):
     t0 = block_trace.now(TRACE)
     pdl_start(PDL)
     t1 = block_trace.now(TRACE)
-    # One program per (row, head) over the q heads, then the k heads (RMSNorm then RoPE, rounded as the
-    # reference), then with WRITE the v heads. With WRITE, k and v go straight into the cache rows at the
+    # One program per (row, head) over the q heads, then the k heads (RMSNorm then RoPE of the first R dims, rounded
+    # as the reference), then with WRITE the v heads. With WRITE, k and v go straight into the cache rows at the
     # rows' positions (k_out/v_out are the layer's cache, stride_ot its row stride): no separate KV copy.
     # Axis 1 is the layer where several layers' keys/values are written at once (the stride_*l; then H = 0).
     pid = tl.program_id(0)
@@ -134,7 +170,7 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
     t, head = pid // per_row, pid % per_row
     dt = q_out.dtype.element_ty
     offs = tl.arange(0, D)
-    pair = (offs + D // 2) % D  # rotate_half's partner of each dim
+    pair = rope_pair(D, R)
     if WRITE:
         row_out = tl.load(pos_ptr + t)
     else:
@@ -145,14 +181,13 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
         src = tl.where(is_q, q_ptr + t * stride_qt + head * stride_qh, k_ptr + t * stride_kt + kh * stride_kh)
         w_ptr = tl.where(is_q, qw_ptr, kw_ptr)
         dst = tl.where(is_q, q_out + (t * H + head) * D, k_out + row_out * stride_ot + kh * D)
-        # With WRITE the tables are whole ([max_positions, D]) and read at the row's position: no gather
-        # kernel ahead of this one; without, they are the rows' own [T, D].
+        # With WRITE the tables are whole ([max_positions, R]) and read at the row's position: no gather
+        # kernel ahead of this one; without, they are the rows' own [T, R].
         x = tl.load(src + offs).to(tl.float32)
         xp = tl.load(src + pair).to(tl.float32)
-        c = tl.load(cos_ptr + row_out * D + offs).to(dt).to(tl.float32)
-        s = tl.load(sin_ptr + row_out * D + offs).to(dt).to(tl.float32)
+        c, s = rope_cos_sin(cos_ptr, sin_ptr, row_out * R, offs, None, D, R, dt)
         tl.store(dst + offs, norm_rope(x, xp, tl.load(w_ptr + offs).to(tl.float32),
-                                       tl.load(w_ptr + pair).to(tl.float32), c, s, eps, D, dt))
+                                       tl.load(w_ptr + pair).to(tl.float32), c, s, eps, D, R, dt))
     else:
         vh = head - H - KV
         src = v_ptr + t * stride_vt + vh * stride_vh
@@ -162,6 +197,8 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
 
 
 def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
+    """Per-head RMSNorm of q [T, H, D] and k [T, KV, D], then RoPE of their first R dims by the rows' cos/sin
+    [T, R] (R <= D: the rest pass through)."""
     t, h, d = q.shape
     kv = k.shape[1]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.is_contiguous() and sin.is_contiguous()
@@ -170,14 +207,14 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin):
     grid = (t * (h + kv),)
     _qk_norm_rope_kernel[grid](q, k, k, q_weight, k_weight, cos, sin, cos, q_out, k_out, k_out, h, kv,
                                q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0, kv * d, eps,
-                               0, 0, 0, 0, D=d, WRITE=False, **block_trace.args("rope", grid, q),
+                               0, 0, 0, 0, D=d, R=cos.shape[-1], WRITE=False, **block_trace.args("rope", grid, q),
                                **launch_options(q.device), num_warps=ROPE_WARPS)
     return q_out, k_out
 
 
 def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions):
     """As qk_norm_rope, with k and v stored into the cache rows [max_len, KV, D] at `positions`; returns q.
-    cos/sin are the whole tables [max_positions, D], read at `positions`."""
+    cos/sin are the whole tables [max_positions, R], read at `positions`."""
     t, h, d = q.shape
     kv = k.shape[1]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and cos.is_contiguous()
@@ -187,7 +224,7 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_ca
     _qk_norm_rope_kernel[grid](q, k, v, q_weight, k_weight, cos, sin, positions, q_out, k_cache,
                                v_cache, h, kv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                                v.stride(0), v.stride(1), k_cache.stride(0), eps, 0, 0, 0, 0,
-                               D=d, WRITE=True, **block_trace.args("rope", grid, q),
+                               D=d, R=cos.shape[-1], WRITE=True, **block_trace.args("rope", grid, q),
                                **launch_options(q.device), num_warps=ROPE_WARPS)
     return q_out
 
@@ -203,7 +240,7 @@ def k_norm_rope_write_layers(k, v, k_weights, eps, cos, sin, k_cache, v_cache, p
     _qk_norm_rope_kernel[grid](
         k, k, v, k_weights, k_weights, cos, sin, positions, k, k_cache, v_cache, 0, kv, 0, 0, k.stride(0),
         k.stride(2), v.stride(0), v.stride(2), k_cache.stride(1), eps, k.stride(1), v.stride(1), k_weights.stride(0),
-        k_cache.stride(0), D=d, WRITE=True, **block_trace.args("rope", grid, k),
+        k_cache.stride(0), D=d, R=cos.shape[-1], WRITE=True, **block_trace.args("rope", grid, k),
         **launch_options(k.device), num_warps=ROPE_WARPS)
 
 

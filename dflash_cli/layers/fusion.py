@@ -76,12 +76,13 @@ class Fusion:
         return ops.rms_norm(s.h, weight, self.eps)
 
 
-def plan(h: torch.Tensor, qkv: torch.Tensor, norms_folded: bool, eps: float) -> Fusion:
-    """The fusion of a forward over rows like h through layers whose first qkv product is `qkv`: every norm and add
-    in its own kernel unless the layers' norm weights are folded into their products and the GPU's products take
-    such rows (ops.fuses_norms); then one row hands its squares on, from ops.fuses_mlp_norm's rows (a verify) every
-    norm and add runs inside the products, and in between the add + norm before gate/up keeps its kernel."""
-    if not (norms_folded and ops.fuses_norms(h, qkv)):
+def plan(h: torch.Tensor, first: torch.Tensor, norms_folded: bool, eps: float) -> Fusion:
+    """The fusion of a forward over rows like h through layers whose first product (a qkv, or a Qwen3.5 layer's
+    mixer input) is `first`: every norm and add in its own kernel unless the layers' norm weights are folded into
+    their products and the GPU's products take such rows (ops.fuses_norms); then one row hands its squares on, from
+    ops.fuses_mlp_norm's rows (a verify) every norm and add runs inside the products, and in between the add + norm
+    before gate/up keeps its kernel."""
+    if not (norms_folded and ops.fuses_norms(h, first)):
         return Fusion(False, "add", "add", eps)
     if ops.fuses_mlp_norm(h):
         return Fusion(True, "residual", "residual", eps)

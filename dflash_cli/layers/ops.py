@@ -330,14 +330,16 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
 
 
 def _rope_kernel_fits(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
-    """The Triton RoPE kernels load each half of a head at once: head_dim/2 must be a power of two."""
-    half = x.shape[-1] // 2
+    """The Triton RoPE kernels load each half of a head at once: head_dim/2 must be a power of two; the tables'
+    columns (the rotated dims: all of them, or a partial RoPE's first) even and at most head_dim."""
+    half, rotary = x.shape[-1] // 2, cos.shape[-1]
     return (x.shape[-1] % 2 == 0 and half > 0 and half & (half - 1) == 0 and x.stride(-1) == 1
-            and cos.is_contiguous() and sin.is_contiguous())
+            and 0 < rotary <= x.shape[-1] and rotary % 2 == 0 and cos.is_contiguous() and sin.is_contiguous())
 
 
 def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
-    """Per-head RMSNorm of q [T, H, D] and k [T, KV, D], then RoPE at the rows' positions."""
+    """Per-head RMSNorm of q [T, H, D] and k [T, KV, D], then RoPE at the rows' positions (cos/sin [T, R]: their
+    first R dims, as `apply_rope`)."""
     if (kk := fast_kernels(q)) and q.dtype == q_weight.dtype and k.stride(-1) == 1 and _rope_kernel_fits(q, cos, sin):
         return kk.qk_norm_rope(q, k, q_weight, k_weight, eps, cos, sin)
     return apply_rope(rms_norm(q, q_weight, eps), cos, sin), apply_rope(rms_norm(k, k_weight, eps), cos, sin)
@@ -350,7 +352,7 @@ def _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache) -> bool:
 
 
 def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions):
-    """qk_norm_rope at `positions` (device int64 [T]; cos/sin are the whole tables [max_positions, D]), then
+    """qk_norm_rope at `positions` (device int64 [T]; cos/sin are the whole tables [max_positions, R]), then
     k and v stored in one layer's cache [max_len, KV, D] at them; returns q. One kernel on the GPU instead of
     five (two table gathers, the norm + RoPE, two cache writes)."""
     if (kk := fast_kernels(q)) and _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache):
@@ -363,20 +365,27 @@ def qk_norm_rope_write(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cach
 
 
 def attend_fresh(q, k, v, q_weight, k_weight, eps: float, cos, sin, k_cache, v_cache, positions, window: int,
-                 limit, scale: float, then=None, low=None) -> torch.Tensor:
+                 limit, scale: float, then=None, low=None, gate=None) -> torch.Tensor:
     """qk_norm_rope_write (q, k, v straight from the projection; positions consecutive), then attention_window
     over the cache's first `window` rows with `limit`. One kernel on the GPU where the rows fit: the attention's
     split programs normalise and rotate q and the new keys themselves. then: the weight read after the attention,
     whose first rows a decode row's split programs ask into L2 once their keys are in (the caller names it where the
-    product before the attention did not warm them). low: as attention_window's."""
+    product before the attention did not warm them). low: as attention_window's. gate [T, H*D] or None: the output
+    `output_gate`d, by the attention's last kernel on the GPU (its merge)."""
     if fast_kernels(q) and _rope_write_fits(q, k, v, q_weight, cos, sin, k_cache, v_cache):
         from ..kernels import attention as kernel
 
-        if kernel.supports_fresh(q, k_cache, window):
+        if kernel.supports_fresh(q, k_cache, window) and (gate is None or gate.stride(-1) == 1):
             return kernel.attention_fresh(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions,
-                                          window, limit, scale, split_warm(then), low)
+                                          window, limit, scale, split_warm(then), low, gate=gate)
     q = qk_norm_rope_write(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, positions)
-    return attention_window(q, k_cache[:window], v_cache[:window], limit, scale, low)
+    out = attention_window(q, k_cache[:window], v_cache[:window], limit, scale, low)
+    return out if gate is None else output_gate(out, gate)
+
+
+def output_gate(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """An attention output [T, H*D] times sigmoid(gate) [T, H*D], per head and dim (Qwen3.5's gated attention)."""
+    return out * torch.sigmoid(gate)
 
 
 # Bytes of the weight read after an attention (the o projection) that a decode row's split programs ask into L2 once
@@ -409,7 +418,8 @@ def k_norm_rope_write_layers(k, v, k_weights, eps: float, cos, sin, k_cache, v_c
 
 
 def rope_tables(head_dim: int, theta: float, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [max_positions, head_dim] in float32 (half-split layout)."""
+    """cos/sin tables [max_positions, head_dim] in float32 (half-split layout). A partial RoPE's (Qwen3.5) are its
+    rotary dims' tables: head_dim the rotary dim."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     pos = torch.arange(max_positions, device=device, dtype=torch.float32)
     freqs = torch.outer(pos, inv_freq)
@@ -418,14 +428,18 @@ def rope_tables(head_dim: int, theta: float, max_positions: int, device) -> tupl
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, D]; cos/sin: [T, D] float32 rows for x's positions."""
+    """x: [T, heads, D]; cos/sin: [T, R] float32 rows for x's positions. R < D: a partial RoPE, which rotates the
+    first R dims and passes the others through."""
     if (k := fast_kernels(x)) and _rope_kernel_fits(x, cos, sin):
         return k.apply_rope(x, cos, sin)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    r = cos.shape[-1]
+    rot = x[..., :r]
+    half = r // 2
+    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
     cos = cos[:, None, :].to(x.dtype)
     sin = sin[:, None, :].to(x.dtype)
-    return x * cos + rotated * sin
+    out = rot * cos + rotated * sin
+    return out if r == x.shape[-1] else torch.cat([out, x[..., r:]], dim=-1)
 
 
 def attention(

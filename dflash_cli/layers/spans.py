@@ -101,13 +101,13 @@ class StaticSpan:
         ops.k_norm_rope_write_layers(k, v, k_norms, eps, *self.tables, self.cache.k, self.cache.v, self.positions)
 
     def attend_fresh(self, layer: int, q, k, v, q_norm, k_norm, eps: float, scale: float,
-                     then=None) -> torch.Tensor:
+                     then=None, gate=None) -> torch.Tensor:
         """q/k straight from the projection: normalise, rotate, write k/v and attend (on the GPU the
         attention kernel does the norm, RoPE and cache write as well). then: the weight read after the attention, for
-        the GPU to warm (ops.attend_fresh)."""
+        the GPU to warm; gate: an output gate (ops.attend_fresh)."""
         limit, low = self._layer_bounds(layer)
         return ops.attend_fresh(q, k, v, q_norm, k_norm, eps, *self.tables, self.cache.k[layer],
-                                self.cache.v[layer], self.positions, self.window, limit, scale, then, low)
+                                self.cache.v[layer], self.positions, self.window, limit, scale, then, low, gate=gate)
 
     def _attend_cache(self, layer: int, q, scale: float) -> torch.Tensor:
         w = self.window

@@ -51,6 +51,11 @@ class DecoderLayer:
     k_norm: torch.Tensor
     norms_folded: bool = False  # input_norm / post_norm are ones, their weights inside qkv / gate_up (`fold_norms`)
 
+    @property
+    def mixer_in(self) -> torch.Tensor:
+        """The weight the layer reads first (its attention's input product: `run_layers`)."""
+        return self.qkv
+
     @classmethod
     def take(cls, t: dict[str, torch.Tensor], prefix: str) -> "DecoderLayer":
         """Build from loaded tensors, removing them from `t` so each is held once."""
@@ -71,11 +76,12 @@ class DecoderLayer:
         )
 
 
-def fold_norms(layer: DecoderLayer, ones: torch.Tensor) -> None:
-    """Multiply the two norms' weights into the columns of the products after them (qkv, gate_up; rounded once)
-    and leave ones in their place: the GPU then runs each norm inside its product (`run_layers`), and every other
-    path normalises with a unit weight, which computes what the folded weights expect."""
-    layer.qkv.mul_(layer.input_norm)
+def fold_norms(layer, ones: torch.Tensor) -> None:
+    """Multiply the two norms' weights into the columns of the products after them (the mixer's input product
+    `mixer_in`: qkv here; gate_up; rounded once) and leave ones in their place: the GPU then runs each norm inside its
+    product (`run_layers`), and every other path normalises with a unit weight, which computes what the folded weights
+    expect. Any layer of `run_layers` (a Qwen3.5 one too)."""
+    layer.mixer_in.mul_(layer.input_norm)
     layer.gate_up.mul_(layer.post_norm)
     layer.input_norm, layer.post_norm, layer.norms_folded = ones, ones, True
 
@@ -91,34 +97,44 @@ def mlp_rows(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
 KV_WARM_WINDOW = 6144
 
 
-def run_layers(layers: list[DecoderLayer], h: torch.Tensor, cfg: Qwen3Config, span, scale: float,
-               final_norm: torch.Tensor | None, read_after: torch.Tensor, capture=()):
-    """The layers over the residual stream h [T, hidden] (the embeddings) -> (h after the last layer, its
+def run_layers(layers: list, h: torch.Tensor, eps: float, mixer, final_norm: torch.Tensor | None,
+               read_after: torch.Tensor, capture=()):
+    """Pre-norm layers over the residual stream h [T, hidden] (the embeddings) -> (h after the last layer, its
     rms_norm by final_norm or None, {i: h after layer i - 1 for i in capture}; 0 is h itself).
+    A layer holds input_norm, post_norm, gate_up, down, norms_folded and mixer_in (the weight its token mixer reads
+    first); mixer(i, layer, x, **kw) -> (layer i's token mixer output before its output product, that product's
+    weight), x as `Fusion.read` hands it (kw: the first product's norm and squares). Qwen3's layers (`attention`) and
+    Qwen3.5's two kinds (models/qwen35.token_mixer) run here alike.
     read_after: the weight read after the layers (the GPU warms its first rows into L2)."""
-    fusion = plan(h, layers[0].qkv, layers[0].norms_folded, cfg.rms_norm_eps)
+    fusion = plan(h, layers[0].mixer_in, layers[0].norms_folded, eps)
     s = Residual(h)
     captured = {0: s} if 0 in capture else {}
     # Each product names the weight read after it (`then`): the GPU warms that weight's first rows into L2.
-    reads_next = [layer.qkv for layer in layers[1:]] + [read_after]
+    reads_next = [layer.mixer_in for layer in layers[1:]] + [read_after]
     for i, layer in enumerate(layers):
-        s = decoder_layer(layer, s, fusion, cfg, span, i, scale, reads_next[i])
+        s = decoder_layer(i, layer, s, fusion, mixer, reads_next[i])
         if i + 1 in capture:
             captured[i + 1] = s  # complete once the next layer has read it
     x = fusion.final(s, final_norm)
     return s.h, x, {i: r.settle() for i, r in captured.items()}
 
 
-def decoder_layer(layer: DecoderLayer, s: Residual, fusion: Fusion, cfg: Qwen3Config, span, index: int, scale: float,
-                  then) -> Residual:
-    """h + Attention(RMSNorm(h)), then h + MLP(RMSNorm(h)): MLP(x) = down(silu(gate x) * up x). `fusion` places each
-    norm and add (layers/fusion.py); `then`: the weight read after this layer."""
+def decoder_layer(index: int, layer, s: Residual, fusion: Fusion, mixer, then) -> Residual:
+    """h + Mixer(RMSNorm(h)), then h + MLP(RMSNorm(h)): MLP(x) = down(silu(gate x) * up x). `fusion` places each
+    norm and add (layers/fusion.py); `mixer` as `run_layers`'; `then`: the weight read after this layer."""
     x, kw = fusion.read(s, layer.input_norm)
-    attn = self_attention(layer, x, cfg, span, index, scale, **kw)
-    s = fusion.add(s, attn, layer.o, fusion.attention_out, then=mlp_rows(layer))
+    out, weight = mixer(index, layer, x, **kw)
+    s = fusion.add(s, out, weight, fusion.attention_out, then=mlp_rows(layer))
     x, kw = fusion.read(s, layer.post_norm)
     act = ops.swiglu(x, layer.gate_up, then=layer.down, **kw)
     return fusion.add(s, act, layer.down, fusion.mlp_out, then=then)
+
+
+def attention(cfg: Qwen3Config, span, scale: float):
+    """Qwen3's token mixer for `run_layers`: layer i's self-attention against the span's KV layer i, then o."""
+    def mix(index: int, layer: DecoderLayer, x: torch.Tensor, **kw):
+        return self_attention(layer, x, cfg, span, index, scale, **kw), layer.o
+    return mix
 
 
 def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span, index: int,
@@ -139,10 +155,11 @@ def self_attention(layer: DecoderLayer, x: torch.Tensor, cfg: Qwen3Config, span,
                  layer.k_norm, cfg.rms_norm_eps, scale, then=None if after is layer.o else layer.o)
 
 
-def read_after_qkv(layer: DecoderLayer, span, index: int):
+def read_after_qkv(layer, span, index: int):
     """What the qkv product warms into L2 after its own loads (ops.linear's `then`): the o projection's first rows,
     or over a window of more than KV_WARM_WINDOW keys the first rows of the layer's cached keys and values, which
-    the attention reads next (see KV_WARM_WINDOW)."""
+    the attention reads next (see KV_WARM_WINDOW). layer: what holds o (a DecoderLayer, Qwen3.5's GatedAttention);
+    index: its KV cache layer."""
     if getattr(span, "window", 0) > KV_WARM_WINDOW:
         return span.cache.k[index], span.cache.v[index]
     return layer.o

@@ -23,7 +23,7 @@ from ..layers import ops
 from ..errors import DflashError
 from ..loading.config import Qwen3Config, read_json
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, fold_norms, layer_shapes, project_kv, run_layers
+from .decoder import DecoderLayer, attention, fold_norms, layer_shapes, project_kv, run_layers
 
 DFLASH2_MARKERS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -239,8 +239,8 @@ class DFlashDrafter:
         h = self.target.embed[block]
         if c.embedding_scale != 1.0:
             h = h * c.embedding_scale
-        h, x, _ = run_layers(self.layers, h, m, span, self.scale, self.norm if final_norm else None,
-                             self.target.lm_head)
+        h, x, _ = run_layers(self.layers, h, m.rms_norm_eps, attention(m, span, self.scale),
+                             self.norm if final_norm else None, self.target.lm_head)
         return x if final_norm else h
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,8 @@ from ..layers import ops
 from ..layers.kv_cache import KVCache
 from ..loading.config import Qwen35Config, read_json
 from ..loading.weights import load_tensors, tensor_files
-from .qwen35 import Layer, gated_attention, layer_shapes, mlp
+from .decoder import fold_norms, run_layers
+from .qwen35 import Layer, layer_shapes, token_mixer
 
 PREFIXES = ("mtp.", "model.mtp.")  # some exports put the MTP under model.
 
@@ -78,6 +79,8 @@ class MtpDrafter:
         self.hidden_norm = 1 + tensors.pop("mtp.pre_fc_norm_hidden.weight")
         self.norm = 1 + tensors.pop("mtp.norm.weight")
         self.layer = Layer.take(tensors, "mtp.layers.0.", "full_attention", 0, cfg)
+        if ops.folds_norms(self.device, self.dtype):  # as the target's layers: the GPU's products run its norms
+            fold_norms(self.layer, torch.ones(cfg.hidden_size, dtype=self.dtype, device=self.device))
         self.embed, self.lm_head = target.embed, target.lm_head
         # H_t: the target's last layer's output (its hidden state L), normed here by the target's final norm, the
         # very product its logits read (Qwen35Model keeps that norm apart: nothing folds it into the head).
@@ -118,9 +121,9 @@ class MtpDrafter:
         eps = self.cfg.rms_norm_eps
         emb = ops.rms_norm(self.embed[next_ids], self.embedding_norm, eps)
         h = ops.linear(torch.cat([emb, ops.rms_norm(state, self.hidden_norm, eps)], dim=-1), self.fc)
-        x = ops.rms_norm(h, self.layer.input_norm, eps)
-        h = h + gated_attention(self.cfg, self.layer.mixer, 0, x, span)
-        return ops.rms_norm(mlp(self.layer, h, eps), self.norm, eps)
+        # The layer as the target's run (decoder.run_layers), then its final norm; the head reads next.
+        _, out, _ = run_layers([self.layer], h, eps, token_mixer(self.cfg, span), self.norm, self.lm_head)
+        return out
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """float32 logits over the target's vocabulary of normed outputs."""

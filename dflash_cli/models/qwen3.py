@@ -13,7 +13,7 @@ from ..layers.kv_cache import KVCache
 from ..layers.spans import Span, StaticSpan
 from ..loading.config import Qwen3Config
 from ..loading.weights import load_tensors
-from .decoder import DecoderLayer, fold_norms, layer_shapes, run_layers
+from .decoder import DecoderLayer, attention, fold_norms, layer_shapes, run_layers
 
 
 def checkpoint_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -93,7 +93,8 @@ class Qwen3Model:
         return self.run(ids, span, capture, all_logits)
 
     def run(self, ids: torch.Tensor, span, capture: Sequence[int], all_logits: bool) -> ForwardOut:
-        _, x, captured = run_layers(self.layers, self.embed[ids], self.cfg, span, self.scale, self.norm,
+        mixer = attention(self.cfg, span, self.scale)
+        _, x, captured = run_layers(self.layers, self.embed[ids], self.cfg.rms_norm_eps, mixer, self.norm,
                                     self.lm_head, capture)
         logits = ops.logits(x if all_logits else x[-1:], self.lm_head)
         # After the head: a torch copy kernel between the last norm and the head would stall the head's

@@ -9,9 +9,12 @@ A layer is Qwen3's pre-norm block, h + mixer(norm(h)), then h + MLP(norm(h)), wh
       S <- e^g S;   δ = β (v - Sᵀk);   S <- S + k δᵀ;   o = Sᵀq,
   with g = -exp(A_log) softplus(a + dt_bias), β = sigmoid(b); then a gated RMSNorm of o by silu(z) and out_proj.
 
-Every RMSNorm scales by (1 + w) except the DeltaNet's gated one (plain w): the loader adds the one. The recurrence
-runs row by row in float32 on fixed shapes (capturable; one Triton kernel per layer on CUDA), long prefills in
-chunks (layers/delta_rule.py); the state and what a rewind needs live in layers/recurrent_state.py.
+Every RMSNorm scales by (1 + w) except the DeltaNet's gated one (plain w): the loader adds the one. The layers run
+through Qwen3's residual stream (models/decoder.run_layers): where the GPU's products normalise their own input, the
+input and post norms' weights are folded into the mixer's input product and gate_up at load (decoder.fold_norms) and
+the adds and norms run inside the products (layers/fusion.py). The recurrence runs row by row in float32 on fixed
+shapes (capturable; one Triton kernel per layer on CUDA), long prefills in chunks (layers/delta_rule.py); the state
+and what a rewind needs live in layers/recurrent_state.py.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..layers.recurrent_state import HybridCache, RecurrentState
 from ..layers.spans import MAX_STEP_ROWS, Span, StaticSpan
 from ..loading.config import Qwen35Config
 from ..loading.weights import load_tensors
+from .decoder import fold_norms, read_after_qkv, run_layers
 from .qwen3 import ForwardOut
 
 TEXT = "model.language_model."  # the published multimodal checkpoints' text tower
@@ -119,6 +123,12 @@ class Layer:
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    norms_folded: bool = False  # input_norm / post_norm are ones, their weights inside mixer_in / gate_up (fold_norms)
+
+    @property
+    def mixer_in(self) -> torch.Tensor:
+        """The weight the layer reads first: its mixer's input product (decoder.run_layers)."""
+        return self.mixer.qkvg if isinstance(self.mixer, GatedAttention) else self.mixer.proj
 
     @classmethod
     def take(cls, t: dict, p: str, kind: str, slot: int, cfg: Qwen35Config) -> "Layer":
@@ -145,6 +155,10 @@ class Qwen35Model:
         for i, kind in enumerate(cfg.layer_types):
             self.layers.append(Layer.take(tensors, f"model.layers.{i}.", kind, slots[kind], cfg))
             slots[kind] += 1
+        if ops.folds_norms(self.device, dtype):  # as Qwen3's: the GPU's products then run the layers' norms
+            ones = torch.ones(cfg.hidden_size, dtype=dtype, device=self.device)
+            for layer in self.layers:
+                fold_norms(layer, ones)
         self.norm = 1 + tensors.pop("model.norm.weight")
         self.lm_head = self.embed if cfg.tie_word_embeddings else tensors.pop("lm_head.weight")
         self.cos, self.sin = ops.rope_tables(cfg.rotary_dim, cfg.rope_theta, cfg.max_position_embeddings, self.device)
@@ -193,64 +207,68 @@ class Qwen35Model:
             raise ValueError(f"a held forward keeps at most {state.max_rows} rows")
         positions = getattr(span, "positions", None)  # a StaticSpan's, on the device (a hybrid's rows: consecutive)
         state.begin(span.start if positions is None else positions[:1])
-        h = self.embed[ids]
-        captured = {0: h} if 0 in capture else {}
-        eps = self.cfg.rms_norm_eps
-        for i, layer in enumerate(self.layers):
-            x = ops.rms_norm(h, layer.input_norm, eps)
-            if isinstance(layer.mixer, GatedAttention):
-                h = h + gated_attention(self.cfg, layer.mixer, layer.slot, x, span)
-            else:
-                h = h + self.delta_net(layer.mixer, layer.slot, x, state, hold)
-            h = mlp(layer, h, eps)
-            if i + 1 in capture:
-                captured[i + 1] = h
-        x = ops.rms_norm(h, self.norm, eps)
+        mixer = token_mixer(self.cfg, span, state, hold)
+        _, x, captured = run_layers(self.layers, self.embed[ids], self.cfg.rms_norm_eps, mixer, self.norm,
+                                    self.lm_head, capture)
         logits = ops.logits(x if all_logits else x[-1:], self.lm_head)
         hidden = torch.cat([captured[j] for j in capture], dim=-1) if capture else None
         return ForwardOut(logits=logits, hidden=hidden)
 
-    def delta_net(self, m: GatedDeltaNet, slot: int, x: torch.Tensor, state: RecurrentState,
-                  hold: bool) -> torch.Tensor:
-        """Gated DeltaNet of the rows x [T, hidden] (normed) from the state the forward began with -> [T, hidden].
-        Unless `hold`, the state moves past the rows; a forward of at most state.max_rows rows keeps them."""
-        c = self.cfg
-        hk, hv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
-        t, conv_dim = x.shape[0], m.conv.shape[0]
-        mixed, z, b, a = ops.linear(x, m.proj).split([conv_dim, hv * dv, hv, hv], dim=-1)
-        kept = t <= state.max_rows
-        # The short causal conv over [the previous K-1 inputs ; these rows], per channel, then SiLU.
-        conv = delta_rule.short_conv(mixed, state.conv0[slot], m.conv, window=None if hold else state.conv[slot],
-                                     keep=state.x[slot] if kept else None)
-        q, k, v = conv.split([hk * dk, hk * dk, hv * dv], dim=-1)
-        q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
-        S = None if hold else state.S[slot]
-        if kept:  # row by row (one kernel on the GPU), keeping each row's k, δ, g for a rewind
-            o = delta_rule.rows(q, k, v, a, b, m.neg_A, m.dt_bias, state.S0[slot], S,
-                                keep=(state.k[slot], state.delta[slot], state.g[slot]), out_dtype=x.dtype)
-        else:  # a long prefill: chunks of rows at once (it keeps no rows: never held)
-            q, k, v, g, beta = delta_rule.gates(q, k, v, a, b, m.neg_A, m.dt_bias)
-            group = hv // hk  # value head j: key head j // group
-            o, S_end = delta_rule.chunked(q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1), v, g,
-                                          beta, state.S0[slot])
-            state.S[slot].copy_(S_end)
-        o = delta_rule.gated_rms_norm(o.to(x.dtype), z.reshape(t, hv, dv), m.norm, c.rms_norm_eps)
-        return ops.linear(o.reshape(t, hv * dv), m.out)
+
+def token_mixer(c: Qwen35Config, span, state: RecurrentState | None = None, hold: bool = False):
+    """The hybrid's token mixer for decoder.run_layers: a layer's gated attention against the span's KV layer of its
+    slot, or its Gated DeltaNet from `state` (`delta_net`'s hold); then the mixer's output product."""
+    def mix(index: int, layer: Layer, x: torch.Tensor, **kw):
+        m = layer.mixer
+        if isinstance(m, GatedAttention):
+            return gated_attention(c, m, layer.slot, x, span, **kw), m.o
+        return delta_net(c, m, layer.slot, x, state, hold, **kw), m.out
+    return mix
 
 
-def gated_attention(c: Qwen35Config, a: GatedAttention, slot: int, x: torch.Tensor, span) -> torch.Tensor:
-    """Gated attention of the rows x [T, hidden] (normed) against the span's KV layer `slot` -> [T, hidden]."""
-    d, nh, nkv, r = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.rotary_dim
-    q, k, v, gate = ops.linear(x, a.qkvg).split([nh * d, nkv * d, nkv * d, nh * d], dim=-1)
-    q = ops.rms_norm(q.reshape(-1, nh, d), a.q_norm, c.rms_norm_eps)
-    k = ops.rms_norm(k.reshape(-1, nkv, d), a.k_norm, c.rms_norm_eps)
-    cos, sin = span.cos, span.sin  # [T, rotary_dim]
-    q = torch.cat([ops.apply_rope(q[..., :r].contiguous(), cos, sin), q[..., r:]], dim=-1)
-    k = torch.cat([ops.apply_rope(k[..., :r].contiguous(), cos, sin), k[..., r:]], dim=-1)
-    out = span.attend(slot, q, k, v.reshape(-1, nkv, d), d**-0.5)
-    return ops.linear(out * torch.sigmoid(gate), a.o)
+def delta_net(c: Qwen35Config, m: GatedDeltaNet, slot: int, x: torch.Tensor, state: RecurrentState, hold: bool,
+              norm: float | None = None, squares: torch.Tensor | None = None) -> torch.Tensor:
+    """Gated DeltaNet of the rows x [T, hidden] (normed, or with `norm` the stream its folded input product normalises:
+    ops.linear's norm, squares) from the state the forward began with -> [T, H_v * d_v], before out_proj.
+    Unless `hold`, the state moves past the rows; a forward of at most state.max_rows rows keeps them."""
+    hk, hv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    t, conv_dim = x.shape[0], m.conv.shape[0]
+    mixed, z, b, a = ops.linear(x, m.proj, then=m.out, norm=norm, squares=squares).split(
+        [conv_dim, hv * dv, hv, hv], dim=-1)
+    kept = t <= state.max_rows
+    # The short causal conv over [the previous K-1 inputs ; these rows], per channel, then SiLU.
+    conv = delta_rule.short_conv(mixed, state.conv0[slot], m.conv, window=None if hold else state.conv[slot],
+                                 keep=state.x[slot] if kept else None)
+    q, k, v = conv.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    q, k, v = q.reshape(t, hk, dk), k.reshape(t, hk, dk), v.reshape(t, hv, dv)
+    S = None if hold else state.S[slot]
+    if kept:  # row by row (one kernel on the GPU), keeping each row's k, δ, g for a rewind
+        o = delta_rule.rows(q, k, v, a, b, m.neg_A, m.dt_bias, state.S0[slot], S,
+                            keep=(state.k[slot], state.delta[slot], state.g[slot]), out_dtype=x.dtype)
+    else:  # a long prefill: chunks of rows at once (it keeps no rows: never held)
+        q, k, v, g, beta = delta_rule.gates(q, k, v, a, b, m.neg_A, m.dt_bias)
+        group = hv // hk  # value head j: key head j // group
+        o, S_end = delta_rule.chunked(q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1), v, g,
+                                      beta, state.S0[slot])
+        state.S[slot].copy_(S_end)
+    o = delta_rule.gated_rms_norm(o.to(x.dtype), z.reshape(t, hv, dv), m.norm, c.rms_norm_eps)
+    return o.reshape(t, hv * dv)
 
 
-def mlp(layer: Layer, h: torch.Tensor, eps: float) -> torch.Tensor:
-    """The layer's second half: h + MLP(RMSNorm(h)), MLP(x) = down(silu(gate x) * up x)."""
-    return h + ops.linear(ops.swiglu(ops.rms_norm(h, layer.post_norm, eps), layer.gate_up), layer.down)
+def gated_attention(c: Qwen35Config, a: GatedAttention, slot: int, x: torch.Tensor, span,
+                    norm: float | None = None, squares: torch.Tensor | None = None) -> torch.Tensor:
+    """Gated attention of the rows x [T, hidden] (normed, or as `delta_net`'s with norm and squares) against the
+    span's KV layer `slot` -> [T, H*D], before o_proj. q/k norm and the partial RoPE (the tables' rotary_dim columns)
+    run in one kernel on the GPU: with the KV write, the attention and its output gate where the span can fuse them
+    (`attend_fresh`, as Qwen3's decoder.self_attention)."""
+    d, nh, nkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    after = read_after_qkv(a, span, slot)  # o, or over long windows the layer's cached keys and values
+    q, k, v, gate = ops.linear(x, a.qkvg, then=after, norm=norm, squares=squares).split(
+        [nh * d, nkv * d, nkv * d, nh * d], dim=-1)
+    q, k, v = q.reshape(-1, nh, d), k.reshape(-1, nkv, d), v.reshape(-1, nkv, d)
+    fused = getattr(span, "attend_fresh", None)
+    if fused is None:
+        q, k = ops.qk_norm_rope(q, k, a.q_norm, a.k_norm, c.rms_norm_eps, span.cos, span.sin)
+        return ops.output_gate(span.attend(slot, q, k, v, d**-0.5), gate)
+    return fused(slot, q, k, v, a.q_norm, a.k_norm, c.rms_norm_eps, d**-0.5, then=None if after is a.o else a.o,
+                 gate=gate)
