@@ -152,7 +152,8 @@ class Session:
     def forward(self, ids: Sequence[int] | torch.Tensor | Fed, capture=(), all_logits=False, accept=False):
         """Forward `ids` (host ids, a 1-D device tensor that stays on the device, or a fed token's handle) at the
         committed end and commit them. accept: with the greedy verdict on the rows (`out.verdict`; needs all_logits or one row),
-        inside the step's graph on the graphs path."""
+        inside the step's graph on the graphs path. On the graphs path the output's tensors are the step's own buffers,
+        which its next replay overwrites: clone what must outlive the next forward."""
         n = 1 if isinstance(ids, Fed) else len(ids)
         if self.length + n > self.max_len:
             raise DflashError(f"context is full ({self.max_len} tokens)")

@@ -93,7 +93,9 @@ class _Run:
             raise DflashError(f"{out} holds a run with preset {earlier[0]} and seed {earlier[1]}: resume it with the "
                               f"same --preset and --seed, or train into a new folder")
         info.update({"preset": p.summary(), "seed": seed})
-        info["versions"] = {"torch": torch.__version__, "device": device_name(device)}
+        # torch per device a run of this folder used (the stages say which device each ran on).
+        versions = {k: v for k, v in info.get("versions", {}).items() if k not in ("torch", "device")}
+        info["versions"] = {**versions, device_name(device): torch.__version__}
         self.write_info()  # now, so that a cut-short run is resumed only with its own settings
         tdir, ddir, edir = out / "target", out / "dflash", out / "eagle3"
         here = device_name(device)

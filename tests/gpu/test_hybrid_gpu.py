@@ -18,18 +18,19 @@ from test_foundation_gpu import report
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 PROMPT, STEPS = 300, 16
-# Relative L2 error of the decode steps' logits, fused bf16 against unfolded bf16: both round every product's output
-# to bf16, through 32 layers here (the DFlash drafter's folded check allows 3e-2 through its 5).
-FUSED_VS_PLAIN = 5e-2
-# The fused path's error against fp32 may exceed the unfolded path's by this factor (and 1e-3): folding rounds the
-# weights once more, and nothing else should cost accuracy.
+# The fused path's error against fp32 (relative L2 of the decode steps' logits) may exceed the unfolded path's by this
+# factor (and 1e-3): folding rounds the weights once more, and nothing else should cost accuracy. H200, 2026-12-04:
+# fused 0.0892, unfolded 0.0894 over 6 steps after the same 300-token prompt.
 FUSED_VS_FP32 = 1.5
+# Fused and unfolded bf16 round differently, so they differ from each other about as much as each from fp32 (up to
+# sqrt(2) times that, were their errors independent); a wrong kernel gives about 1.4 (unrelated logits).
+FUSED_VS_PLAIN = 2.0  # times the unfolded path's error against fp32
 
 
 def test_fused_hybrid_decode_matches_the_unfolded_eager_model_bf16(monkeypatch):
     """Qwen3.5-4B shapes, random weights: after a 300-token prompt, 16 decode steps' logits of the fused bf16 graphs
-    agree with the unfolded bf16 eager model's within FUSED_VS_PLAIN, and against fp32 they are within FUSED_VS_FP32 of
-    the unfolded error; every attention layer's decode step ran the fresh kernel with its gate in the merge."""
+    are within FUSED_VS_FP32 of the unfolded bf16 eager model's error against fp32, and from the unfolded ones within
+    FUSED_VS_PLAIN times that error; every attention layer's decode step ran the fresh kernel with its gate in the merge."""
     torch.backends.cuda.matmul.allow_tf32 = False
     over = dict(max_position_embeddings=4096)
     fused = random_target("qwen3.5-4b", "cuda", torch.bfloat16, seed=0, **over)
@@ -52,7 +53,8 @@ def test_fused_hybrid_decode_matches_the_unfolded_eager_model_bf16(monkeypatch):
     for name, model, path in (("fused", fused, "graphs"), ("plain", plain, "eager"), ("fp32", fp32, "eager")):
         session = Session(model, 512, path=path)
         session.forward(prompt)
-        logits[name] = torch.stack([session.forward([t]).logits[-1].float() for t in steps])
+        # Cloned: on the graphs path the logits are the step's buffer, which the next step's replay overwrites.
+        logits[name] = torch.stack([session.forward([t]).logits[-1].float().clone() for t in steps])
         if name == "fused":
             attention_layers = len(model.cfg.attention_layers)
             assert len(gated) >= attention_layers and all(gated), gated  # the decode graph's capture
@@ -61,5 +63,5 @@ def test_fused_hybrid_decode_matches_the_unfolded_eager_model_bf16(monkeypatch):
     fused_fp32, plain_fp32 = err(logits["fused"], logits["fp32"]), err(logits["plain"], logits["fp32"])
     report("hybrid_fused", {"device": torch.cuda.get_device_name(), "fused_vs_plain": fused_plain,
                             "fused_vs_fp32": fused_fp32, "plain_vs_fp32": plain_fp32})
-    assert fused_plain <= FUSED_VS_PLAIN
+    assert fused_plain <= FUSED_VS_PLAIN * plain_fp32
     assert fused_fp32 <= FUSED_VS_FP32 * plain_fp32 + 1e-3
