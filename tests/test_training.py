@@ -126,7 +126,7 @@ def test_pipeline_writes_published_layouts_that_load(trained):
     # Every stage says how long it took and where; the evaluation ran on the demo's two CPU threads.
     assert set(saved["stages"]) == {"data", "target", "distill", "dflash-b4", "dflash-b3", "block", "eagle3", "evaluate"}
     assert all(s["finished"] and s["seconds"] >= 0 and s["device"] for s in saved["stages"].values())
-    assert saved["stages"]["evaluate"]["device"] == "cpu (2 threads)"
+    assert saved["stages"]["evaluate"]["device"] == "cpu (1 thread)"
     # The block size is chosen between the candidates and the chosen drafter ships with it.
     choice = saved["block_choice"]
     assert set(choice["candidates"]) == {"4", "3"} and choice["chosen"] in (4, 3)
