@@ -24,13 +24,13 @@ from . import dflash as dflash_stage
 from . import eagle3 as eagle3_stage
 from . import target as target_stage
 from .evaluate import THREADS, WHERE, cpu_threads, device_name, evaluate
+from .loop import Paused, Report, autocast, optimise
+from .params import target_tensors
 
 DEFAULT = "T=0.0"  # the demo's default decoding (greedy: its generation_config), which the block choice serves
 # Candidates this close in tok/s tie, and the higher τ ships: the same drafter on the same prompts ran at 148 and 134
 # tok/s in two runs of the block stage on a 2-core CPU (2026-12-04).
 SPEED_TIE = 0.10
-from .loop import Paused, Report, autocast, optimise
-from .params import target_tensors
 
 STAGES = ("tokenizer", "target", "distill", "dflash", "block", "eagle3", "evaluate")
 Note = Callable[[str], None]
