@@ -353,7 +353,7 @@ def exact_joint(target, params: SamplingParams, n: int = 3) -> torch.Tensor:
 CONFIGS = {
     "plain-T1": ("none", SamplingParams(temperature=1.0), 0, 1200),
     "plain-topk-topp": ("none", SamplingParams(temperature=0.8, top_k=3, top_p=0.8), 0, 1200),
-    "dflash-T1-k1": ("dflash", SamplingParams(temperature=1.0), 1, 1500),
+    "dflash-topp-k1": ("dflash", SamplingParams(temperature=1.0, top_p=0.9), 1, 1500),  # the full sort's mode
     "eagle3-T1-k2": ("eagle3", SamplingParams(temperature=1.0), 4, 1500),
     "dflash-topk-topp-k2": ("dflash", SamplingParams(temperature=0.8, top_k=3, top_p=0.8), 4, 1200),
     "eagle3-topk-topp-k1": ("eagle3", SamplingParams(temperature=1.3, top_k=6, top_p=0.85), 1, 1200),
@@ -523,12 +523,13 @@ def reference_probabilities(logits: torch.Tensor, params: SamplingParams) -> tor
 @pytest.mark.parametrize("top_p", [1.0, 0.9, 0.3])
 @pytest.mark.parametrize("temperature", [0.6, 1.3])
 def test_filtered_rows_are_the_reference_distribution(top_k, top_p, temperature):
-    """The K_MAX candidates (top_k <= K_MAX) and the full sort (top_k 0 or beyond K_MAX) against the reference, on
-    300 tokens; the mode is what the params ask for."""
+    """The K_MAX candidates (top_k <= K_MAX), every token uncut (top_k 0, top_p 1) and the full sort (otherwise)
+    against the reference, on 300 tokens; the mode is what the params ask for."""
     g = torch.Generator().manual_seed(top_k * 7 + int(top_p * 10))
     logits = torch.randn(5, 300, generator=g) * 3
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
-    assert sampling.mode(params) == (sampling.TOP_K if 0 < top_k <= K_MAX else sampling.FULL)
+    uncut = sampling.ALL if top_k == 0 and top_p == 1 else sampling.FULL
+    assert sampling.mode(params) == (sampling.TOP_K if 0 < top_k <= K_MAX else uncut)
     got = probabilities(logits, params)
     torch.testing.assert_close(got.double(), reference_probabilities(logits, params), rtol=1e-4, atol=1e-6)
     if top_k:
