@@ -157,6 +157,7 @@ def test_prompt_longer_than_context_fails_before_loading(cli, tmp_path, no_weigh
 
 @pytest.mark.parametrize("flags,needle,code", [
     (["-p", "hi", "--temperature", "-0.5"], "--temperature", 1),
+    (["-p", "hi", "--temperature", "nan"], "--temperature", 1),
     (["-p", "hi", "--top-p", "1.5"], "--top-p", 1),
     (["-p", "hi", "--top-p", "0"], "--top-p", 1),
     (["-p", "hi", "--top-k", "-1"], "--top-k", 1),
