@@ -88,6 +88,16 @@ class ChatOptions:
     history: Annotated[Optional[Path], typer.Option("--history", help="Input history file (default: chat_history in the user's data folder).")] = None
     url: Url = None
     api_key: ApiKey = None
+    # generate and bench take --model: the same words work here.
+    model_option: Annotated[Optional[str], typer.Option("--model", "-m", help="The same as MODEL.")] = None
+
+    def __post_init__(self):
+        if self.model_option is not None:
+            if self.model is not None and self.model != self.model_option:
+                from .errors import DflashError
+
+                raise DflashError(f"two models given: {self.model} and --model {self.model_option}")
+            self.model = self.model_option
 
 
 @dataclasses.dataclass

@@ -337,3 +337,12 @@ def test_interrupted_answer_stats_are_honest(repl, monkeypatch):
     out = repl.console.file.getvalue()
     assert repl.results[-1].decode_tok_per_s > 0 and "finish interrupted" in out
     assert re.search(r"last answer: 6 tok · [1-9][\d.]* tok/s", out)
+
+
+def test_model_may_be_given_as_a_flag_as_in_generate(cli, tiny_model, monkeypatch):
+    """Before: `dflash chat --model demo` ended 'No such option: --model (Possible options: --help)'."""
+    monkeypatch.setenv("COLUMNS", "250")
+    res = cli("chat", "--model", tiny_model, "--draft", "none", "--max-tokens", "2", stdin="hi\n/stats\n")
+    assert res.code == 0 and "1 turns" in res.out, (res.out, res.err)
+    res = cli("chat", tiny_model, "-m", "demo", stdin="")
+    assert res.code == 1 and res.err.startswith("error: two models given"), res.err

@@ -157,6 +157,7 @@ def test_prompt_longer_than_context_fails_before_loading(cli, tmp_path, no_weigh
 
 @pytest.mark.parametrize("flags,needle,code", [
     (["-p", "hi", "--temperature", "-0.5"], "--temperature", 1),
+    (["-p", "hi", "--temperature", "nan"], "--temperature", 1),
     (["-p", "hi", "--top-p", "1.5"], "--top-p", 1),
     (["-p", "hi", "--top-p", "0"], "--top-p", 1),
     (["-p", "hi", "--top-k", "-1"], "--top-k", 1),
@@ -372,3 +373,9 @@ def test_demo_completes_the_prompt_line_without_a_spurious_newline(cli):
     res = cli("generate", "-p", "def fibonacci(n):", "-n", "24", "--json")
     data = res.json()
     assert res.code == 0 and not data["text"].lstrip().startswith("def ")
+
+
+def test_undecodable_prompts_are_one_error_line(gen, no_weights):
+    """Before: bytes that are not UTF-8 on stdin or in --prompt ended as 'error: TypeError: TextInputSequence must be str'."""
+    assert_one_line_error(gen(stdin="x = '\udcff'\n"), "not valid UTF-8 (stdin")
+    assert_one_line_error(gen("-p", "x = '\udcff'"), "not valid UTF-8 (--prompt")

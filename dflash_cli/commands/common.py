@@ -22,7 +22,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         text, source = prompt, "--prompt"
     elif prompt_file is not None:
         try:
-            text = Path(prompt_file).expanduser().read_text(encoding="utf-8")
+            text = Path(prompt_file).expanduser().read_text(encoding="utf-8-sig")  # -sig: an editor's BOM is no prompt
         except (OSError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "strerror", None) or exc
             raise DflashError(f"cannot read prompt file {prompt_file}: {reason}") from None
@@ -33,6 +33,10 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         raise DflashError("no prompt: use --prompt TEXT, --prompt-file FILE or pipe text on stdin")
     if not text.strip():
         raise DflashError(f"the prompt is {'empty' if text == '' else 'only whitespace'} ({source})")
+    try:
+        text.encode("utf-8")  # argv and stdin decode undecodable bytes to lone surrogates, which tokenizers refuse
+    except UnicodeEncodeError as exc:
+        raise DflashError(f"the prompt is not valid UTF-8 ({source}, character {exc.start})") from None
     return text
 
 

@@ -23,6 +23,9 @@ def run_train(o: TrainOptions, console: Console) -> dict:
     stages = tuple(s.strip() for s in o.stages.split(",")) if o.stages else pipeline.STAGES
     if o.out.exists() and not o.out.is_dir():
         raise DflashError(f"{o.out} exists and is not a folder")
+    missing = [str(r) for r in o.data if not Path(r).is_dir()]
+    if missing:  # before the output folder exists: a typo must not leave a run that blocks the next one
+        raise DflashError(f"training data folder not found: {', '.join(missing)}")
     roots = o.data or corpus.default_roots()
     columns = (TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                TimeElapsedColumn(), TimeRemainingColumn())

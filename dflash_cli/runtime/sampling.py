@@ -9,6 +9,7 @@ its Philox offset) or, on CPU, from the sampler's own seeded generator.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,8 +33,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise DflashError(f"--temperature must be >= 0 (got {self.temperature})")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # nan passed `< 0` and ran as sampling
+            raise DflashError(f"--temperature must be a finite number >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise DflashError(f"--top-p must be in (0, 1] (got {self.top_p})")
         if self.top_k < 0:
