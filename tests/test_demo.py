@@ -3,7 +3,6 @@ speculative decoding on CPU with its statistics, and is in the published layouts
 and z-lab's reference load it and agree with us)."""
 
 import json
-import time
 
 import pytest
 import torch
@@ -65,15 +64,17 @@ def test_transformers_runs_the_demo_target_like_us():
 def test_zlab_reference_loads_the_demo_and_accepts_what_we_accept(monkeypatch):
     transformers = pytest.importorskip("transformers")
     zlab = pytest.importorskip("dflash.model")
-    monkeypatch.setattr(zlab, "_cuda_time", time.perf_counter)  # the reference times with CUDA syncs
+    from test_dflash_parity import assert_matches_reference, run_reference
+
     ref_t = transformers.Qwen3ForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
     ref_d = zlab.DFlashDraftModel.from_pretrained(DFLASH, dtype=torch.float32).eval()
     prompt = torch.tensor(ChatTokenizer(TARGET).encode("class Stack:\n    def __init__(self):\n"))
-    ref = zlab.dflash_generate(ref_d, ref_t, prompt[None], 48, stop_token_ids=None, return_stats=True)
+    ref, ref_logits = run_reference(ref_d, ref_t, prompt, 48, monkeypatch)
     ours_t = Qwen3Model.load(TARGET)
+    proposer = DFlashProposer(DFlashDrafter.load(DFLASH, ours_t))
+    our_logits, draft_logits = [], proposer.draft_logits
+    proposer.draft_logits = lambda last, k: our_logits.append(draft_logits(last, k)) or our_logits[-1]
     session = Session(ours_t, max_len=prompt.shape[0] + 48 + 1)
-    res = generate(session, SpeculativeDecoder(DFlashProposer(DFlashDrafter.load(DFLASH, ours_t))),
-                   Request(prompt.tolist(), SamplingParams(), max_tokens=48))
-    assert res.tokens == ref.output_ids[0, prompt.shape[0]:].tolist()
-    assert [len(s.emitted) for s in res.steps] == ref.acceptance_lengths
+    res = generate(session, SpeculativeDecoder(proposer), Request(prompt.tolist(), SamplingParams(), max_tokens=48))
+    assert_matches_reference(res, ref, prompt.shape[0], our_logits, ref_logits, proposer.model.block_size)
     assert max(ref.acceptance_lengths) > 1  # the drafter predicts its target

@@ -65,8 +65,8 @@ class SpeculativeDecoder:
     def step(self, session: Session, last: int, budget: int, params: SamplingParams) -> Step:
         start, dev = session.length, session.device
         # Verify writes positions [start, start+k]: k shrinks only near the end of the cache. Near max_tokens the
-        # block keeps its size (the driver cuts what passes max_tokens), so a generation meets no new graph shape
-        # there (z-lab's reference loop shrinks it instead).
+        # step keeps its size (the driver cuts what passes max_tokens), so a generation meets no new graph shape
+        # there. (A DFlash block is drafted whole whatever k: z-lab's reference loop shrinks it near its end.)
         k = max(0, min(self.draft_len, session.max_len - start - 1))
         queued, self._queued = self._queued, None
         if queued is not None and queued.start == start and (queued.k == k or queued.k > k and self._prefix):

@@ -25,17 +25,17 @@ class DFlash2Proposer(DFlashProposer):
 
     def propose(self, last: int, k: int, params: SamplingParams):
         mode = sampling.mode(params)
-        block = [last] + [self.model.c.mask_token_id] * k
+        block = self._full_block(last)
         if self.fast is not None:
             out = self.fast(block, self.ctx_len, *(() if mode is None else (mode,)))
         else:
             out = self._block(upload(block, self.model.device), self._block_span(len(block)), mode)
-        return (out, None) if mode is None else self._proposal(out, mode, k)
+        return (out[:k], None) if mode is None else self._proposal(out, mode, k)
 
     def draft_logits(self, last: int, n_draft: int) -> torch.Tensor:
         """The block's logits [n_draft, V] after `last` (eager: a measurement, not a step)."""
-        block = [last] + [self.model.c.mask_token_id] * n_draft
-        return self.model.block_logits(upload(block, self.model.device), self._block_span(len(block)))
+        block = self._full_block(last)
+        return self.model.block_logits(upload(block, self.model.device), self._block_span(len(block)))[:n_draft]
 
     def _block(self, ids: torch.Tensor, span, mode: str | None = None) -> torch.Tensor:
         """The block's drafts [k]: the selector's walk (greedy: argmax; sampled: drawn at the sampler's temperature,
