@@ -48,7 +48,7 @@ class Source:
             raise DflashError(
                 f"{self.ref} is not downloaded (offline): run `dflash pull {self.ref}` with network access"
             )
-        return hub.download(self.ref, self.revision)
+        return hub.download(self.ref, self.revision, or_else=", or use a local folder")
 
 
 @dataclass(frozen=True)
