@@ -379,3 +379,18 @@ def test_undecodable_prompts_are_one_error_line(gen, no_weights):
     """Before: bytes that are not UTF-8 on stdin or in --prompt ended as 'error: TypeError: TextInputSequence must be str'."""
     assert_one_line_error(gen(stdin="x = '\udcff'\n"), "not valid UTF-8 (stdin")
     assert_one_line_error(gen("-p", "x = '\udcff'"), "not valid UTF-8 (--prompt")
+
+
+def test_draft_kinds_take_any_case_and_an_unknown_draft_lists_them(cli, no_weights):
+    """Before: `--draft EAGLE3` was looked up as a folder, and `--draft foo` said only 'no such model folder,
+    registry entry or Hub repo id: foo'."""
+    res = cli("generate", "-p", "def f():", "--draft", "foo", "-n", "2")
+    assert_one_line_error(res, "unknown drafter 'foo'", "none, dflash, dflash2, eagle3, mtp", "owner/name")
+
+
+def test_draft_kind_in_capitals_is_the_kind(cli):
+    res = cli("generate", "-p", "def f():", "--draft", "EAGLE3", "-n", "4", "--json")
+    assert res.code == 0, res.err
+    assert res.json()["stats"]["draft_kind"] == "eagle3"
+    plain = cli("generate", "-p", "def f():", "--draft", "None", "-n", "2", "--json")
+    assert plain.code == 0 and plain.json()["stats"]["draft_kind"] == "none", plain.err
