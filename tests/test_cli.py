@@ -66,6 +66,20 @@ def test_help(cli):
     assert res.code == 0 and "--prompt-file" in res.out and "--json" in res.out
 
 
+def test_help_shows_no_value_beside_flags_and_one_type_per_value(cli, monkeypatch):
+    """Before: `--json <bool>`, `--help <bool>` (flags take no value), `--data <list[Path]>`, and generate's
+    --api-key spoke of serve."""
+    monkeypatch.setenv("COLUMNS", "200")
+    for command in (["--help"], ["generate", "--help"], ["chat", "--help"], ["train", "--help"]):
+        res = cli(*command)
+        assert res.code == 0 and "<bool>" not in res.out and "list[" not in res.out, res.out
+    gen = cli("generate", "--help").out
+    assert re.search(r"--max-tokens +-n +<int>", gen) and re.search(r"--json +Print", gen)
+    api_key = next(line for line in gen.splitlines() if "--api-key" in line)
+    assert "with --url" in api_key and "clients must send" not in api_key, api_key
+    assert re.search(r"--data +<path> +A folder", cli("train", "--help").out)
+
+
 def test_prompt_flag_file_and_stdin_agree(gen, prompts, tmp_path):
     text = "Explain recursion.\nBriefly."
     (tmp_path / "p.txt").write_text(text)
