@@ -217,14 +217,55 @@ def empty_hub_cache(tmp_path, monkeypatch):
 
 
 def test_models_lists_the_registry(cli, empty_hub_cache):
+    """Piped: one tab-separated line per entry, nothing cut (before: `RedHatAI/Qwen3-4B-specula…`), descriptions
+    included (before: left out)."""
+    from dflash_cli.registry import Registry
+
     res = cli("models")
     assert res.code == 0, res.err
-    rows = [line for line in res.out.splitlines() if line.startswith("│")]
-    assert any("demo (default)" in r and "pkg:demo/target" in r and "✓" in r for r in rows)  # shipped inside
-    assert any("qwen3-4b" in r and "Qwen/Qwen3-4B" in r for r in rows)
-    assert any("qwen3-8b" in r and "Qwen/Qwen3-8B" in r for r in rows)
-    assert "z-lab/Qwen3-4B-DFlash-b16" in res.out and "AngelSlim/Qwen3-4B_eagle3" in res.out
-    assert all("✓" not in r for r in rows if "demo" not in r and "pkg:" not in r)  # nothing from the Hub
+    assert "…" not in res.out
+    lines = res.out.splitlines()
+    assert lines[1].split("\t") == ["name", "description", "target", "downloaded", "drafters"]
+    rows = {line.split("\t")[0]: line.split("\t") for line in lines[2:]}
+    reg = Registry.load()
+    assert len(rows) == len(reg.entries) == len(lines) - 2
+    name, description, target, downloaded, drafters = rows["demo (default)"]
+    assert target == "pkg:demo/target" and downloaded.startswith("✓")  # shipped inside
+    for name, e in reg.entries.items():
+        row = rows[name + (" (default)" if name == reg.default else "")]
+        assert row[1] == e.description and row[2] == e.target.name
+        assert all(f"{kind}: {src.name} [" in row[4] for kind, src in e.drafters.items())
+        if name != "demo":
+            assert "✓" not in "".join(row)  # nothing from the Hub
+    assert "dflash2: RedHatAI/Qwen3-4B-speculator.dflash2 [—]" in rows["qwen3-4b"][4]
+
+
+@pytest.mark.parametrize("width", [80, 30])
+def test_models_on_a_terminal_wraps_repo_ids_and_never_cuts_them(empty_hub_cache, width):
+    import io
+
+    from rich.console import Console
+
+    from dflash_cli.commands.models import list_models
+    from dflash_cli.registry import Registry
+
+    console = Console(file=io.StringIO(), width=width, force_terminal=True, record=True)
+    list_models(console)
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= width
+    refs = []  # the second column (from 11: "  dflash2" and 2 spaces), its folded pieces joined
+    for line in text.splitlines():
+        piece = line[11:].split("  ")[0].strip()
+        if re.match(r"  [a-z]", line):
+            refs.append(piece)
+        elif line.startswith(" " * 11) and piece:
+            refs[-1] += piece
+    squeezed = "".join(text.split())
+    for e in Registry.load().entries.values():
+        assert "".join(e.description.split()) in squeezed
+        assert all(src.name in refs for src in [e.target, *e.drafters.values()]), refs
+    if width == 80:
+        assert "  dflash2  RedHatAI/Qwen3-4B-speculator.dflash2  —" in text  # whole on one line where it fits
 
 
 def test_empty_prompt_with_nothing_pending_is_a_clear_error(tiny_model):

@@ -111,7 +111,7 @@ def test_custom_registry_with_a_local_entry(tmp_path, monkeypatch, tiny_model, c
 
     listing = cli("models")
     assert listing.code == 0
-    assert "tiny (default)" in listing.out and str(reg.parent / "tiny") in listing.out and "✓" in listing.out
+    assert f"tiny (default)\t—\t{reg.parent / 'tiny'}\t✓" in listing.out
 
 
 BAD_REGISTRIES = {
@@ -164,7 +164,7 @@ def test_hub_cache_is_found_offline(tmp_path, monkeypatch, hub_cache, tiny_model
 
     listing = cli("models")
     assert listing.code == 0, listing.err
-    rows = {line.split()[1]: line for line in listing.out.splitlines() if line.startswith("│")}
+    rows = {line.split("\t")[0]: line for line in listing.out.splitlines()}
     total = sum(f.stat().st_size for f in tiny_model.iterdir())
     assert f"✓ {_size(total)}" in rows["cached"]
     assert "✓" not in rows["absent"] and "—" in rows["absent"]
