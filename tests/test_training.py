@@ -324,3 +324,53 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path):
     assert res.returncode == 130 and time.monotonic() - t0 < 20, (res.returncode, res.stdout, res.stderr)
     assert res.stdout.startswith("Ctrl-C: stopping after this step") and "not reached" not in res.stdout
     assert "interrupted: stopped at once" in res.stderr
+
+
+@pytest.fixture
+def fake_run(monkeypatch, tmp_path):
+    """`dflash train` with the pipeline replaced: what it returns and leaves, and the arguments it was given."""
+    calls = {}
+
+    def train_demo(out, preset, roots, device, seed, report, note, stages, time_limit):
+        calls.update(preset=preset.name, device=device.type)
+        (out / "dflash").mkdir(parents=True, exist_ok=True)
+        (out / "dflash" / "model.safetensors").write_bytes(b"")
+        report("target", 1, 3000, {"loss": 8.0})
+        return calls.get("info", {})
+
+    monkeypatch.setattr(pipeline, "train_demo", train_demo)
+    monkeypatch.setattr(target_stage, "step_seconds", lambda p, device: 88.0)
+    return calls
+
+
+def test_demo_preset_on_a_cpu_says_up_front_how_long_and_what_else(cli, fake_run, tmp_path):
+    """Before: the data stage took 80 s, then one target step 88 s of 3000 planned, and nothing said it would take
+    days."""
+    data = tmp_path / "src"
+    data.mkdir()
+    res = cli("train", tmp_path / "run", "--device", "cpu", "--data", data)
+    assert res.code == 0, res.err
+    first = res.out.splitlines()[0]
+    assert first.startswith("note: the demo preset is sized for a GPU") and "3 days (3000 steps of ~88 s" in first
+    assert "--preset tiny" in first and "--device cuda" in first and fake_run["preset"] == "demo"  # warned, not refused
+    tiny = cli("train", tmp_path / "tiny", "--device", "cpu", "--data", data, "--preset", "tiny")
+    assert tiny.code == 0 and "sized for a GPU" not in tiny.out
+
+
+def test_commands_to_copy_are_never_wrapped(cli, fake_run, tmp_path):
+    """Before: piped output wrapped at 80 columns, splitting the final `try: dflash generate ...` mid-command."""
+    data = tmp_path / "some" / "rather long folder name" / "of python sources"
+    data.mkdir(parents=True)
+    out = tmp_path / "a run folder whose name is long enough to wrap"
+    res = cli("train", out, "--preset", "tiny", "--data", data)
+    assert res.code == 0, res.err
+    tried = [line for line in res.out.splitlines() if line.startswith("try: ")]
+    assert tried == [f"try: dflash generate --model '{out}/target' --draft '{out}/dflash' --prompt \"def fibonacci(n):\""]
+    assert len(tried[0]) > 80
+
+    fake_run["info"] = {"paused": {"stage": "target", "done": 3, "total": 6, "by": "Ctrl-C"}}
+    res = cli("train", out, "--preset", "tiny", "--data", data, "--seed", "2", "--time-limit", "60")
+    assert res.code == 130, res.err  # as any command Ctrl-C ended
+    paused = [line for line in res.out.splitlines() if line.startswith("paused: ")]
+    assert paused == [f"paused: target at 3/6 (Ctrl-C); resume: dflash train '{out}' --preset tiny --seed 2 "
+                      f"--time-limit 60 --data '{data}'"]
