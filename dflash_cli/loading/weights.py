@@ -120,9 +120,9 @@ def load_tensors(
     missing = [n for n in expected if n not in found and n not in optional]
     problems = []
     if missing:
-        problems.append(f"{len(missing)} missing tensors: " + _names(missing))
+        problems.append("missing tensors: " + _names(missing))
     if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensors: " + _names(unexpected))
+        problems.append("unexpected tensors: " + _names(unexpected))
     if problems:
         raise DflashError(f"the {role} checkpoint in {model_dir} does not match its config: " + "; ".join(problems))
 
@@ -147,8 +147,7 @@ def load_tensors(
     if stream is not None:
         stream.finish()
     if bad_shapes:
-        raise DflashError(f"the {role} checkpoint in {model_dir} has {len(bad_shapes)} wrongly shaped tensors: "
-                          + _names(bad_shapes))
+        raise DflashError(f"the {role} checkpoint in {model_dir} has wrongly shaped tensors: " + _names(bad_shapes))
     return out
 
 
