@@ -92,7 +92,8 @@ def test_think_switch(chat, prompts, tiny_model):
 def test_stats_unknown_command_and_eof(chat):
     out = clean(chat("Hi\n/stats\n/frobnicate\nHi again\n/stats\n"))  # ends without /exit: EOF leaves
     assert "unknown command /frobnicate" in out and "/exit" in out
-    assert re.search(r"context \d+/512 tokens · 1 turn\n", out) and re.search(r"context \d+/512 tokens · 2 turns", out)
+    assert re.search(r"context \d+/512 tokens · 1 turn\n", out)
+    assert re.search(r"context \d+/512 tokens · 2 turns", out)
     assert "last answer:" in out and "session:" in out
     assert clean(chat("")) == ""
 

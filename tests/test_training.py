@@ -365,7 +365,8 @@ def test_commands_to_copy_are_never_wrapped(cli, fake_run, tmp_path):
     res = cli("train", out, "--preset", "tiny", "--data", data)
     assert res.code == 0, res.err
     tried = [line for line in res.out.splitlines() if line.startswith("try: ")]
-    assert tried == [f"try: dflash generate --model '{out}/target' --draft '{out}/dflash' --prompt \"def fibonacci(n):\""]
+    assert tried == [f"try: dflash generate --model '{out}/target' --draft '{out}/dflash' "
+                     f"--prompt \"def fibonacci(n):\""]
     assert len(tried[0]) > 80
 
     fake_run["info"] = {"paused": {"stage": "target", "done": 3, "total": 6, "by": "Ctrl-C"}}

@@ -28,8 +28,8 @@ HELP = "commands: /help, /set, /load FILE, /save FILE, /clear, /system TEXT, /th
 # /help: two columns, the second wrapped to the terminal's width.
 HELP_ROWS = (
     ("/help", "this list"),
-    ("/set NAME VALUE", "change a setting: temperature, top_p, top_k, max_tokens, draft (none, dflash, dflash2, eagle3, "
-                        "mtp or a drafter path), draft_len; /set alone shows them"),
+    ("/set NAME VALUE", "change a setting: temperature, top_p, top_k, max_tokens, draft (none, dflash, dflash2, "
+                        "eagle3, mtp or a drafter path), draft_len; /set alone shows them"),
     ("/load FILE", "continue a conversation saved with /save"),
     ("/save FILE", "save the conversation as JSON"),
     ("/clear", "start a new conversation"),

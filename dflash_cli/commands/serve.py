@@ -28,7 +28,8 @@ def run_serve(o: ServeOptions, console=None) -> None:
         raise DflashError("--tensor-parallel and --print go with --engine vllm or sglang")
     if not serve_deps_installed():
         # Not on PyPI as dflash-cli: the extra installs from a clone; the two packages install anywhere.
-        raise DflashError("dflash serve needs FastAPI and uvicorn: pip install fastapi uvicorn (from a clone: pip install -e '.[serve]')")
+        raise DflashError("dflash serve needs FastAPI and uvicorn: pip install fastapi uvicorn "
+                          "(from a clone: pip install -e '.[serve]')")
     _check_port(o.host, o.port)  # before the weights load
     import uvicorn
 

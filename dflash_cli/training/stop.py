@@ -35,7 +35,7 @@ class Stop:
     @contextmanager
     def on_ctrl_c(self, note: Callable[[str], None]):
         """Within: a first Ctrl-C sets `interrupted` and says so; a second one ends the process at once (exit status
-        130; the last checkpoint stays). Elsewhere than the main thread (no signal handlers there) Ctrl-C is as usual."""
+        130; the last checkpoint stays). Off the main thread (no signal handlers there) Ctrl-C is as usual."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
