@@ -88,10 +88,11 @@ def _confirmed(repo: str, revision: str | None) -> Path | None:
         return None
 
 
-def download(repo: str, revision: str | None = None, progress: bool = True) -> Path:
-    """Download (or resume) the files of `repo` the engine needs; returns the snapshot folder."""
+def download(repo: str, revision: str | None = None, progress: bool = True, or_else: str = "") -> Path:
+    """Download (or resume) the files of `repo` the engine needs; returns the snapshot folder. `or_else`: what else
+    the command that asked can do when the Hub cannot be reached (", or use a local folder")."""
     if offline():
-        raise DflashError(f"{repo} is not downloaded and HF_HUB_OFFLINE is set: run `dflash pull` while online")
+        raise DflashError(f"cannot download {repo}: HF_HUB_OFFLINE is set (unset it to download){or_else}")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -117,10 +118,8 @@ def download(repo: str, revision: str | None = None, progress: bool = True) -> P
     except HFValidationError as exc:
         raise DflashError(f"not a valid model reference: {repo} ({str(exc).splitlines()[0]})") from None
     except LocalEntryNotFoundError:
-        raise DflashError(
-            f"cannot reach the Hub to download {repo} and it is not in the cache; "
-            "connect and run `dflash pull`, or point --model at a local folder"
-        ) from None
+        raise DflashError(f"cannot reach the Hub to download {repo}, and it is not in the cache: check the network "
+                          f"connection and try again{or_else}") from None
     except OSError as exc:
         raise DflashError(f"download of {repo} failed: {exc}") from None
 

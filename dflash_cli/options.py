@@ -31,7 +31,7 @@ ShowDrafts = Annotated[bool, typer.Option("--show-drafts", help="Colour tokens t
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (default: 1 for small models, else the physical cores available).")]
 RepeatGuard = Annotated[bool, typer.Option("--repeat-guard/--no-repeat-guard", help="Stop an answer that loops (the same lines or tokens over and over).")]
 Url = Annotated[Optional[str], typer.Option("--url", help="Use an OpenAI-compatible server (dflash serve, vLLM, SGLang) at this URL instead of the local engine.")]
-ApiKey = Annotated[Optional[str], typer.Option("--api-key", envvar="DFLASH_API_KEY", help="The server's API key (--url; with serve, the key clients must send).")]
+ApiKey = Annotated[Optional[str], typer.Option("--api-key", envvar="DFLASH_API_KEY", help="The server's API key (with --url).")]
 Context = Annotated[Optional[int], typer.Option("--context", help="KV cache size in tokens (default: the model's context; 4096 at most on CPU for chat).")]
 
 
@@ -161,11 +161,30 @@ class TrainOptions:
 
     out: Annotated[Path, typer.Argument(help="Output folder (rerun to resume).")] = Path("dflash-demo")
     preset: Annotated[str, typer.Option("--preset", help="demo (what ships, wants a GPU) or tiny (seconds on a CPU).")] = "demo"
-    data: Annotated[list[Path], typer.Option("--data", help="Folders of Python source (default: this Python's standard library).")] = dataclasses.field(default_factory=list)
+    data: Annotated[list[Path], typer.Option("--data", metavar="<path>", help="A folder of Python source; repeat for more (default: this Python's standard library).")] = dataclasses.field(default_factory=list)
     device: Device = None
     seed: Annotated[int, typer.Option("--seed", help="Random seed for data order and initial weights.")] = 0
     stages: Annotated[Optional[str], typer.Option("--stages", help="Comma-separated subset of: tokenizer,target,distill,dflash,block,eagle3,evaluate.")] = None
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds after which training stops at its next resumable point (rerun to resume).")] = None
+
+
+def _flags_show_no_value() -> None:
+    """typer's rich help (0.2x) prints a value type beside flags, which take none (`--json <bool>`, `--help <bool>`):
+    flags show none."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "flags_show_none", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.flags_show_none = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_value()
 
 
 def _typer_info(annotation) -> bool:

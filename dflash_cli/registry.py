@@ -16,6 +16,17 @@ DRAFT_KINDS = ("dflash", "dflash2", "eagle3", "mtp")  # mtp: the target's own mu
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def looks_like_repo_id(ref: str) -> bool:
+    """owner/name, as the Hub spells repo ids."""
+    return bool(_REPO_ID.match(ref))
+
+
+def draft_kind(value: str) -> str | None:
+    """A --draft value as "none" or a drafter kind whatever its case (EAGLE3 is eagle3); None for anything else."""
+    low = value.strip().lower()
+    return low if low in ("none", *DRAFT_KINDS) else None
+
+
 @dataclass(frozen=True)
 class Source:
     """A checkpoint: a local folder, or a Hub repo id (+ revision)."""
@@ -42,13 +53,13 @@ class Source:
         found = self.cached()
         if found is not None:
             return found
-        if not _REPO_ID.match(self.ref):
+        if not looks_like_repo_id(self.ref):
             raise DflashError(f"no such model folder, registry entry or Hub repo id: {self.ref}")
         if not download or hub.offline():
             raise DflashError(
                 f"{self.ref} is not downloaded (offline): run `dflash pull {self.ref}` with network access"
             )
-        return hub.download(self.ref, self.revision)
+        return hub.download(self.ref, self.revision, or_else=", or use a local folder")
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,7 @@ class Registry:
             return self.entries[model]
         if Path(model).expanduser().is_dir():
             return ModelEntry(name=Path(model).name, target=Source(str(Path(model).expanduser())))
-        if _REPO_ID.match(model):
+        if looks_like_repo_id(model):
             return ModelEntry(name=model, target=Source(model))
         known = ", ".join(sorted(self.entries)) or "none"
         raise DflashError(f"unknown model '{model}': not a registry entry ({known}), folder or Hub repo id")

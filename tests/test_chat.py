@@ -92,7 +92,8 @@ def test_think_switch(chat, prompts, tiny_model):
 def test_stats_unknown_command_and_eof(chat):
     out = clean(chat("Hi\n/stats\n/frobnicate\nHi again\n/stats\n"))  # ends without /exit: EOF leaves
     assert "unknown command /frobnicate" in out and "/exit" in out
-    assert re.search(r"context \d+/512 tokens · 1 turns", out) and re.search(r"context \d+/512 tokens · 2 turns", out)
+    assert re.search(r"context \d+/512 tokens · 1 turn\n", out)
+    assert re.search(r"context \d+/512 tokens · 2 turns", out)
     assert "last answer:" in out and "session:" in out
     assert clean(chat("")) == ""
 
@@ -285,7 +286,8 @@ def test_set_changes_settings_and_rejects_bad_values(chat, prompts):
     out = clean(chat("/set temperature 0.5\n/set top_k 7\n/set max_tokens 3\n/set draft none\n/set top_p lots\n"
                      "/set colour blue\n/set temperature -1\n/set\nHi\n/stats\n"))
     assert re.search(r"temperature 0.5 · top_p [\d.]+ · top_k 7 · max_tokens 3 · draft none", out)
-    assert "not a number: lots" in out and "unknown setting colour" in out and "error: --temperature" in out
+    assert "not a number: lots" in out and "unknown setting colour" in out
+    assert "error: temperature must be a finite number >= 0 (got -1.0)" in out and "--temperature" not in out
     assert re.search(r"last answer: [1-3] tok", out)
 
 
@@ -343,6 +345,58 @@ def test_model_may_be_given_as_a_flag_as_in_generate(cli, tiny_model, monkeypatc
     """Before: `dflash chat --model demo` ended 'No such option: --model (Possible options: --help)'."""
     monkeypatch.setenv("COLUMNS", "250")
     res = cli("chat", "--model", tiny_model, "--draft", "none", "--max-tokens", "2", stdin="hi\n/stats\n")
-    assert res.code == 0 and "1 turns" in res.out, (res.out, res.err)
+    assert res.code == 0 and "1 turn\n" in res.out, (res.out, res.err)
     res = cli("chat", tiny_model, "-m", "demo", stdin="")
     assert res.code == 1 and res.err.startswith("error: two models given"), res.err
+
+
+# A newcomer's trial: /help at the terminal's width, /load and /set errors in the chat's words, plurals, /stats
+# after /load.
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_help_fits_the_terminal_in_two_aligned_columns(repl, width):
+    """Before: wrapped by hand for about 120 columns, ragged at 80 and 100."""
+    repl.console = Console(file=io.StringIO(), width=width)
+    repl.command("/help")
+    lines = repl.console.file.getvalue().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= width
+    column = lines[0].index("this list")
+    keys = ("/help", "/set NAME VALUE", "/load FILE", "/save FILE", "/clear", "/system TEXT", "/think on|off", "/stats",
+            "/exit", "input", "footer")
+    assert all(line[:column].strip() == "" or line[:column].rstrip() in keys for line in lines)  # wrapped lines align
+    assert len(lines) > 12  # the long rows wrapped, under their own column
+    assert "accept % by draft position" in "".join(lines)
+
+
+def test_load_says_what_is_missing(chat, tmp_path):
+    """Before: a JSON file without messages said `error: cannot load X: 'messages'` (a bare KeyError)."""
+    (tmp_path / "other.json").write_text('{"model": "x"}')
+    (tmp_path / "roles.json").write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "user"}]}')
+    (tmp_path / "broken.json").write_text('{"messages": [')
+    out = clean(chat(f"/load {tmp_path / 'other.json'}\n/load {tmp_path / 'roles.json'}\n"
+                     f"/load {tmp_path / 'broken.json'}\n"))
+    assert f'error: cannot load {tmp_path / "other.json"}: no "messages" in it' in out
+    assert "message 2 has no content text" in out
+    assert f"cannot load {tmp_path / 'broken.json'}: not JSON (" in out and "line 1" in out
+
+
+def test_set_errors_name_the_setting_not_the_flag(chat):
+    """Before: `/set top_p 2` said `error: --top-p must be ...`, a flag chat has no use for."""
+    out = clean(chat("/set top_p 2\n/set top_k -1\n/set draft_len 0\n/set\n"))
+    assert "error: top_p must be in (0, 1] (got 2.0)" in out and "error: top_k must be >= 0 (got -1)" in out
+    assert "error: draft_len must be >= 1 (got 0)" in out and "--" not in out
+    assert re.search(r"temperature 0 · top_p [\d.]+ · top_k \d+ ·", out)  # nothing changed
+
+
+def test_counts_are_singular_for_one_and_stats_after_load_say_when_the_turns_are_read(chat, tmp_path):
+    """Before: `1 turns`, `1 answers`, and after /load `/stats` said `context 0/512 tokens · 2 turns` as if the
+    loaded conversation took no room (it is read into the cache with the next message)."""
+    saved = tmp_path / "c.json"
+    out = clean(chat(f"Hi\n/stats\n/save {saved}\n"))
+    assert "· 1 turn\n" in out and "in 1 answer ·" in out and "saved 2 messages" in out
+    out = clean(chat(f"/load {saved}\n/stats\nAgain\n/stats\n"))
+    waiting = re.search(r"context 0/512 tokens · 1 turn \((\d+) tokens\), read into the cache with the next message",
+                        out)
+    assert waiting and int(waiting.group(1)) > 0, out
+    after = re.search(r"context (\d+)/512 tokens · 2 turns\n", out)
+    assert after and int(after.group(1)) > int(waiting.group(1))

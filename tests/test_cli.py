@@ -66,6 +66,20 @@ def test_help(cli):
     assert res.code == 0 and "--prompt-file" in res.out and "--json" in res.out
 
 
+def test_help_shows_no_value_beside_flags_and_one_type_per_value(cli, monkeypatch):
+    """Before: `--json <bool>`, `--help <bool>` (flags take no value), `--data <list[Path]>`, and generate's
+    --api-key spoke of serve."""
+    monkeypatch.setenv("COLUMNS", "200")
+    for command in (["--help"], ["generate", "--help"], ["chat", "--help"], ["train", "--help"]):
+        res = cli(*command)
+        assert res.code == 0 and "<bool>" not in res.out and "list[" not in res.out, res.out
+    gen = cli("generate", "--help").out
+    assert re.search(r"--max-tokens +-n +<int>", gen) and re.search(r"--json +Print", gen)
+    api_key = next(line for line in gen.splitlines() if "--api-key" in line)
+    assert "with --url" in api_key and "clients must send" not in api_key, api_key
+    assert re.search(r"--data +<path> +A folder", cli("train", "--help").out)
+
+
 def test_prompt_flag_file_and_stdin_agree(gen, prompts, tmp_path):
     text = "Explain recursion.\nBriefly."
     (tmp_path / "p.txt").write_text(text)
@@ -203,14 +217,55 @@ def empty_hub_cache(tmp_path, monkeypatch):
 
 
 def test_models_lists_the_registry(cli, empty_hub_cache):
+    """Piped: one tab-separated line per entry, nothing cut (before: `RedHatAI/Qwen3-4B-specula…`), descriptions
+    included (before: left out)."""
+    from dflash_cli.registry import Registry
+
     res = cli("models")
     assert res.code == 0, res.err
-    rows = [line for line in res.out.splitlines() if line.startswith("│")]
-    assert any("demo (default)" in r and "pkg:demo/target" in r and "✓" in r for r in rows)  # shipped inside
-    assert any("qwen3-4b" in r and "Qwen/Qwen3-4B" in r for r in rows)
-    assert any("qwen3-8b" in r and "Qwen/Qwen3-8B" in r for r in rows)
-    assert "z-lab/Qwen3-4B-DFlash-b16" in res.out and "AngelSlim/Qwen3-4B_eagle3" in res.out
-    assert all("✓" not in r for r in rows if "demo" not in r and "pkg:" not in r)  # nothing from the Hub
+    assert "…" not in res.out
+    lines = res.out.splitlines()
+    assert lines[1].split("\t") == ["name", "description", "target", "downloaded", "drafters"]
+    rows = {line.split("\t")[0]: line.split("\t") for line in lines[2:]}
+    reg = Registry.load()
+    assert len(rows) == len(reg.entries) == len(lines) - 2
+    name, description, target, downloaded, drafters = rows["demo (default)"]
+    assert target == "pkg:demo/target" and downloaded.startswith("✓")  # shipped inside
+    for name, e in reg.entries.items():
+        row = rows[name + (" (default)" if name == reg.default else "")]
+        assert row[1] == e.description and row[2] == e.target.name
+        assert all(f"{kind}: {src.name} [" in row[4] for kind, src in e.drafters.items())
+        if name != "demo":
+            assert "✓" not in "".join(row)  # nothing from the Hub
+    assert "dflash2: RedHatAI/Qwen3-4B-speculator.dflash2 [—]" in rows["qwen3-4b"][4]
+
+
+@pytest.mark.parametrize("width", [80, 30])
+def test_models_on_a_terminal_wraps_repo_ids_and_never_cuts_them(empty_hub_cache, width):
+    import io
+
+    from rich.console import Console
+
+    from dflash_cli.commands.models import list_models
+    from dflash_cli.registry import Registry
+
+    console = Console(file=io.StringIO(), width=width, force_terminal=True, record=True)
+    list_models(console)
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= width
+    refs = []  # the second column (from 11: "  dflash2" and 2 spaces), its folded pieces joined
+    for line in text.splitlines():
+        piece = line[11:].split("  ")[0].strip()
+        if re.match(r"  [a-z]", line):
+            refs.append(piece)
+        elif line.startswith(" " * 11) and piece:
+            refs[-1] += piece
+    squeezed = "".join(text.split())
+    for e in Registry.load().entries.values():
+        assert "".join(e.description.split()) in squeezed
+        assert all(src.name in refs for src in [e.target, *e.drafters.values()]), refs
+    if width == 80:
+        assert "  dflash2  RedHatAI/Qwen3-4B-speculator.dflash2  —" in text  # whole on one line where it fits
 
 
 def test_empty_prompt_with_nothing_pending_is_a_clear_error(tiny_model):
@@ -379,3 +434,18 @@ def test_undecodable_prompts_are_one_error_line(gen, no_weights):
     """Before: bytes that are not UTF-8 on stdin or in --prompt ended as 'error: TypeError: TextInputSequence must be str'."""
     assert_one_line_error(gen(stdin="x = '\udcff'\n"), "not valid UTF-8 (stdin")
     assert_one_line_error(gen("-p", "x = '\udcff'"), "not valid UTF-8 (--prompt")
+
+
+def test_draft_kinds_take_any_case_and_an_unknown_draft_lists_them(cli, no_weights):
+    """Before: `--draft EAGLE3` was looked up as a folder, and `--draft foo` said only 'no such model folder,
+    registry entry or Hub repo id: foo'."""
+    res = cli("generate", "-p", "def f():", "--draft", "foo", "-n", "2")
+    assert_one_line_error(res, "unknown drafter 'foo'", "none, dflash, dflash2, eagle3, mtp", "owner/name")
+
+
+def test_draft_kind_in_capitals_is_the_kind(cli):
+    res = cli("generate", "-p", "def f():", "--draft", "EAGLE3", "-n", "4", "--json")
+    assert res.code == 0, res.err
+    assert res.json()["stats"]["draft_kind"] == "eagle3"
+    plain = cli("generate", "-p", "def f():", "--draft", "None", "-n", "2", "--json")
+    assert plain.code == 0 and plain.json()["stats"]["draft_kind"] == "none", plain.err

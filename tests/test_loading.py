@@ -151,3 +151,21 @@ def test_bfloat16_on_cpu_generates(tiny_model, cli):
               "--device", "cpu", "--json")
     assert res.code == 0, res.err
     assert 1 <= len(res.json()["tokens"]) <= 3
+
+
+def test_drafter_checkpoint_errors_say_whose_file_and_stay_short(tiny_model, cli, tmp_path):
+    """Before: a drafter of another size was one 626-character line listing every tensor, and a corrupt file was
+    `cannot read model.safetensors: ...` without saying whether it was the target's or the drafter's."""
+    from tiny import make_dflash
+
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    wide = make_dflash(tmp_path / "wide", dict(cfg, hidden_size=2 * cfg["hidden_size"]), layers=2)
+    shutil.copy(make_dflash(tmp_path / "right", cfg, layers=2) / "config.json", wide / "config.json")
+    res = cli("generate", "--model", tiny_model, "--draft", wide, "-p", "hi", "-n", "2")
+    assert_one_line_error(res, "DFlash drafter", str(wide), "wrongly shaped", "more")
+    assert len(res.err) < 400, res.err
+
+    broken = make_dflash(tmp_path / "broken", cfg, layers=2)
+    (broken / "model.safetensors").write_bytes(os.urandom(4096))
+    res = cli("generate", "--model", tiny_model, "--draft", broken, "-p", "hi", "-n", "2")
+    assert_one_line_error(res, "cannot read model.safetensors of the DFlash drafter", str(broken))

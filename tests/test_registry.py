@@ -111,7 +111,7 @@ def test_custom_registry_with_a_local_entry(tmp_path, monkeypatch, tiny_model, c
 
     listing = cli("models")
     assert listing.code == 0
-    assert "tiny (default)" in listing.out and str(reg.parent / "tiny") in listing.out and "✓" in listing.out
+    assert f"tiny (default)\t—\t{reg.parent / 'tiny'}\t✓" in listing.out
 
 
 BAD_REGISTRIES = {
@@ -164,7 +164,7 @@ def test_hub_cache_is_found_offline(tmp_path, monkeypatch, hub_cache, tiny_model
 
     listing = cli("models")
     assert listing.code == 0, listing.err
-    rows = {line.split()[1]: line for line in listing.out.splitlines() if line.startswith("│")}
+    rows = {line.split("\t")[0]: line for line in listing.out.splitlines()}
     total = sum(f.stat().st_size for f in tiny_model.iterdir())
     assert f"✓ {_size(total)}" in rows["cached"]
     assert "✓" not in rows["absent"] and "—" in rows["absent"]
@@ -180,6 +180,7 @@ def test_hub_cache_is_found_offline(tmp_path, monkeypatch, hub_cache, tiny_model
 def test_pull_offline_is_one_error_line(cli):
     res = cli("pull", "qwen3-4b")
     assert_one_line_error(res, "Qwen/Qwen3-4B", "HF_HUB_OFFLINE")
+    assert "dflash pull" not in res.err and "--model" not in res.err
     demo = cli("pull")  # the default is the embedded demo: nothing to download
     assert demo.code == 0 and demo.out.count("local folder") == 3
     assert_one_line_error(cli("pull", "Org/Model"), "Org/Model")
@@ -257,8 +258,11 @@ def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
         raise LocalEntryNotFoundError("connection error and no cached snapshot")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
-    assert_one_line_error(cli("pull", "Org/Model"), "cannot reach the Hub", "Org/Model", "dflash pull")
-    assert_one_line_error(cli("generate", "--model", "Org/Model", "-p", "hi"), "cannot reach the Hub")
+    # Each command's own remedy: pull has no --model, and pull itself cannot advise `dflash pull`.
+    res = cli("pull", "Org/Model")
+    assert_one_line_error(res, "cannot reach the Hub", "Org/Model", "try again")
+    assert "dflash pull" not in res.err and "--model" not in res.err and "local folder" not in res.err
+    assert_one_line_error(cli("generate", "--model", "Org/Model", "-p", "hi"), "cannot reach the Hub", "local folder")
 
 
 def test_a_snapshot_the_hub_found_complete_is_found_again_without_asking_it(hub_cache, tiny_model, monkeypatch):

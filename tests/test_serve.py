@@ -300,7 +300,8 @@ def test_serve_flags_fail_with_one_line(cli, monkeypatch):
     monkeypatch.setattr(serve_cmd, "serve_deps_installed", lambda: False)
     res = cli("serve", "demo")
     assert res.code == 1 and res.err.strip() == (
-        "error: dflash serve needs FastAPI and uvicorn: pip install 'dflash-cli[serve]'")
+        "error: dflash serve needs FastAPI and uvicorn: pip install fastapi uvicorn "
+        "(from a clone: pip install -e '.[serve]')")
 
 
 def test_ctrl_c_ends_running_streams_and_exits_cleanly():

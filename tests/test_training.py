@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash_cli.layers.spans import Span
 from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
@@ -97,10 +96,10 @@ def small_corpus(tmp: Path) -> Path:
 FAST = ("tokenizer", "target", "distill", "dflash", "eagle3")  # no timed stages: the block choice and evaluation
 
 
-def run_tiny(out: Path, data: Path, report=lambda *a: None, stages=pipeline.STAGES, time_limit=None):
+def run_tiny(out: Path, data: Path, report=lambda *a: None, stages=pipeline.STAGES, time_limit=None,
+             note=lambda msg: None):
     preset = presets.TINY
-    return pipeline.train_demo(out, preset, [data], torch.device("cpu"), 0, report, lambda msg: None, stages,
-                               time_limit)
+    return pipeline.train_demo(out, preset, [data], torch.device("cpu"), 0, report, note, stages, time_limit)
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +180,7 @@ def test_pipeline_is_deterministic_and_resumes_exactly(trained):
 def test_distillation_holds_varied_continuations_of_training_and_target_written_prompts(trained):
     tmp, data, _ = trained
     p = presets.TINY
-    from dflash_cli.training import corpus, distill
+    from dflash_cli.training import corpus
 
     parts = [torch.load(f, weights_only=True) for f in sorted((tmp / "a" / "work" / "distill").iterdir())]
     assert sum(len(x["tokens"]) for x in parts) == p.distill_sequences
@@ -275,3 +274,104 @@ def test_cli_train_refuses_another_preset_or_seed_in_a_started_folder(cli, tmp_p
     assert bad.code == 1 and "unknown stage(s) bogus" in bad.err
     neg = cli("train", out, "--preset", "tiny", "--data", data, "--time-limit", "-1")
     assert neg.code == 1 and neg.err.count("\n") == 1 and "--time-limit" in neg.err
+
+
+# A newcomer's trial: Ctrl-C went back to the last checkpoint (every 250 steps); the demo preset on a CPU started
+# silently for days; the command to copy at the end was wrapped at 80 columns when piped.
+
+def test_ctrl_c_in_a_training_loop_saves_at_the_step_boundary_and_the_rerun_resumes_exactly(trained):
+    import os
+    import signal
+
+    tmp, data, _ = trained
+
+    def ctrl_c_at_step_3(stage, step, total, metrics):
+        if stage == "target" and step == 3:  # not a checkpoint step (tiny saves every 2)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    notes = []
+    info = run_tiny(tmp / "c", data, report=ctrl_c_at_step_3, stages=FAST, note=notes.append)
+    assert info["paused"] == {"stage": "target", "done": 3, "total": presets.TINY.target_steps, "by": "Ctrl-C"}
+    assert torch.load(tmp / "c" / "work" / "target.ckpt.pt", weights_only=True)["step"] == 3
+    assert any(n.startswith("Ctrl-C: stopping after this step") for n in notes), notes
+    assert any(n.startswith("Ctrl-C: target paused at 3/") and "run the same command again" in n for n in notes)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and signal.set_wakeup_fd(-1) == -1
+    info = run_tiny(tmp / "c", data, stages=FAST)
+    assert "paused" not in info
+    for f in ("target", "work/dflash-b4", "eagle3"):
+        assert (tmp / "a" / f / "model.safetensors").read_bytes() == (tmp / "c" / f / "model.safetensors").read_bytes()
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    """Even inside a long call (a demo step's backward takes tens of seconds on a CPU), with exit status 130."""
+    import subprocess
+    import sys
+    import time
+
+    script = """if True:
+        import os, signal, time
+        from dflash_cli.training.stop import Stop
+        stop = Stop()
+        with stop.on_ctrl_c(lambda msg: print(msg, flush=True)):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+            assert stop.interrupted
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+        print("not reached")"""
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 130 and time.monotonic() - t0 < 20, (res.returncode, res.stdout, res.stderr)
+    assert res.stdout.startswith("Ctrl-C: stopping after this step") and "not reached" not in res.stdout
+    assert "interrupted: stopped at once" in res.stderr
+
+
+@pytest.fixture
+def fake_run(monkeypatch, tmp_path):
+    """`dflash train` with the pipeline replaced: what it returns and leaves, and the arguments it was given."""
+    calls = {}
+
+    def train_demo(out, preset, roots, device, seed, report, note, stages, time_limit):
+        calls.update(preset=preset.name, device=device.type)
+        (out / "dflash").mkdir(parents=True, exist_ok=True)
+        (out / "dflash" / "model.safetensors").write_bytes(b"")
+        report("target", 1, 3000, {"loss": 8.0})
+        return calls.get("info", {})
+
+    monkeypatch.setattr(pipeline, "train_demo", train_demo)
+    monkeypatch.setattr(target_stage, "step_seconds", lambda p, device: 88.0)
+    return calls
+
+
+def test_demo_preset_on_a_cpu_says_up_front_how_long_and_what_else(cli, fake_run, tmp_path):
+    """Before: the data stage took 80 s, then one target step 88 s of 3000 planned, and nothing said it would take
+    days."""
+    data = tmp_path / "src"
+    data.mkdir()
+    res = cli("train", tmp_path / "run", "--device", "cpu", "--data", data)
+    assert res.code == 0, res.err
+    first = res.out.splitlines()[0]
+    assert first.startswith("note: the demo preset is sized for a GPU") and "3 days (3000 steps of ~88 s" in first
+    assert "--preset tiny" in first and "--device cuda" in first and fake_run["preset"] == "demo"  # warned, not refused
+    tiny = cli("train", tmp_path / "tiny", "--device", "cpu", "--data", data, "--preset", "tiny")
+    assert tiny.code == 0 and "sized for a GPU" not in tiny.out
+
+
+def test_commands_to_copy_are_never_wrapped(cli, fake_run, tmp_path):
+    """Before: piped output wrapped at 80 columns, splitting the final `try: dflash generate ...` mid-command."""
+    data = tmp_path / "some" / "rather long folder name" / "of python sources"
+    data.mkdir(parents=True)
+    out = tmp_path / "a run folder whose name is long enough to wrap"
+    res = cli("train", out, "--preset", "tiny", "--data", data)
+    assert res.code == 0, res.err
+    tried = [line for line in res.out.splitlines() if line.startswith("try: ")]
+    assert tried == [f"try: dflash generate --model '{out}/target' --draft '{out}/dflash' "
+                     f"--prompt \"def fibonacci(n):\""]
+    assert len(tried[0]) > 80
+
+    fake_run["info"] = {"paused": {"stage": "target", "done": 3, "total": 6, "by": "Ctrl-C"}}
+    res = cli("train", out, "--preset", "tiny", "--data", data, "--seed", "2", "--time-limit", "60")
+    assert res.code == 130, res.err  # as any command Ctrl-C ended
+    paused = [line for line in res.out.splitlines() if line.startswith("paused: ")]
+    assert paused == [f"paused: target at 3/6 (Ctrl-C); resume: dflash train '{out}' --preset tiny --seed 2 "
+                      f"--time-limit 60 --data '{data}'"]

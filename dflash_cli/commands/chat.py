@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from ..options import ChatOptions, data_dir
 from ..conversation import Conversation
@@ -23,19 +25,22 @@ from .common import RepetitionGuard, capture_graphs, check_draft_len, finish_rea
 __all__ = ["ChatOptions", "ChatRepl", "run_chat"]
 
 HELP = "commands: /help, /set, /load FILE, /save FILE, /clear, /system TEXT, /think on|off, /stats, /exit"
-HELP_LONG = """\
-/help                 this list
-/set NAME VALUE       change a setting: temperature, top_p, top_k, max_tokens, draft (none, dflash, dflash2, eagle3,
-                      mtp or a drafter path), draft_len; /set alone shows them
-/load FILE            continue a conversation saved with /save
-/save FILE            save the conversation as JSON
-/clear                start a new conversation
-/system TEXT          set the system prompt (/system alone removes it)
-/think on|off         thinking mode, for models whose template has one
-/stats                context use and the last answer's speed
-/exit                 leave (or Ctrl-D)
-input: arrows edit and recall history; a paste of several lines is one message; \"\"\" starts and ends a
-multi-line message (Alt-Enter also adds a line); Ctrl-C clears the line or stops an answer"""
+# /help: two columns, the second wrapped to the terminal's width.
+HELP_ROWS = (
+    ("/help", "this list"),
+    ("/set NAME VALUE", "change a setting: temperature, top_p, top_k, max_tokens, draft (none, dflash, dflash2, "
+                        "eagle3, mtp or a drafter path), draft_len; /set alone shows them"),
+    ("/load FILE", "continue a conversation saved with /save"),
+    ("/save FILE", "save the conversation as JSON"),
+    ("/clear", "start a new conversation"),
+    ("/system TEXT", "set the system prompt (/system alone removes it)"),
+    ("/think on|off", "thinking mode, for models whose template has one"),
+    ("/stats", "context use and the last answer's speed"),
+    ("/exit", "leave (or Ctrl-D)"),
+    ("input", "arrows edit and recall history; a paste of several lines is one message; \"\"\" starts and ends a "
+              "multi-line message (Alt-Enter also adds a line); Ctrl-C clears the line or stops an answer"),
+    ("footer", "\n".join(line.strip() for line in LEGEND.removeprefix("footer:").splitlines())),
+)
 CPU_DEFAULT_CONTEXT = 4096
 MAX_DEFAULT_ANSWER = 2048
 MULTILINE = '"""'
@@ -133,7 +138,7 @@ class ChatRepl:
         if name in ("/exit", "/quit", "/bye"):
             return "exit"
         if name in ("/help", "/?"):
-            self.say(HELP_LONG + "\n" + LEGEND, "")
+            self.print_help()
         elif name == "/clear":
             self.session.reset()
             self.conv.messages.clear()
@@ -161,7 +166,7 @@ class ChatRepl:
             else:
                 try:
                     self.conv.save(Path(arg), self.bundle.entry.name)
-                    self.say(f"saved {len(self.conv.messages)} messages to {arg}")
+                    self.say(f"saved {_count(len(self.conv.messages), 'message')} to {arg}")
                 except DflashError as exc:
                     self.say(f"error: {exc}", "red")
         elif name == "/load":
@@ -169,6 +174,14 @@ class ChatRepl:
         else:
             self.say(f"unknown command {name}; {HELP}", "red")
         return None
+
+    def print_help(self) -> None:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True)
+        grid.add_column()
+        for key, text in HELP_ROWS:
+            grid.add_row(Text(key), Text(text))
+        self.console.print(grid)
 
     def has_thinking(self) -> bool:
         tok, probe = self.bundle.tokenizer, [{"role": "user", "content": "x"}]
@@ -196,6 +209,9 @@ class ChatRepl:
                 params = self.params
                 new = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
                 new[name] = int(value) if name == "top_k" else float(value)
+                bad = type(params).invalid(**new)
+                if bad is not None:
+                    raise DflashError(" ".join(bad))  # the setting's name, not the command line's flag
                 self.params = type(params)(temperature=new["temperature"], top_p=new["top_p"], top_k=new["top_k"],
                                            seed=params.seed)
             elif name == "max_tokens":
@@ -206,8 +222,10 @@ class ChatRepl:
             elif name in ("draft", "draft_len"):
                 draft = value if name == "draft" else self.draft
                 draft_len = self.draft_len if name == "draft" else int(value)
+                if draft_len is not None and draft_len < 1:
+                    raise DflashError(f"draft_len must be >= 1 (got {draft_len})")
                 decoder = make_decoder(self.bundle, draft, draft_len)
-                check_draft_len(decoder, draft_len)
+                check_draft_len(decoder, draft_len, "draft_len")
                 self.decoder, self.draft, self.draft_len = decoder, draft, draft_len
                 self.session.reset()  # a new drafter has not seen the conversation: re-prefill it next turn
                 capture_graphs(self.session, decoder, self.params, switchable=True)
@@ -227,20 +245,18 @@ class ChatRepl:
             self.say("usage: /load FILE", "red")
             return
         try:
-            data = json.loads(Path(arg).expanduser().read_text(encoding="utf-8"))
-            messages = data["messages"] if isinstance(data, dict) else data
-            if not isinstance(messages, list) or not all(
-                    isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                    and isinstance(m.get("content"), str) for m in messages):
-                raise ValueError("messages must be a list of {role, content}")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            messages = _saved_messages(json.loads(Path(arg).expanduser().read_text(encoding="utf-8")))
+        except json.JSONDecodeError as exc:
+            self.say(f"error: cannot load {arg}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", "red")
+            return
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             self.say(f"error: cannot load {arg}: {getattr(exc, 'strerror', None) or exc}", "red")
             return
         system = [m["content"] for m in messages if m["role"] == "system"]
         self.conv.system = system[0] if system else self.conv.system
         self.conv.messages = [dict(role=m["role"], content=m["content"]) for m in messages if m["role"] != "system"]
         self.session.reset()
-        self.say(f"loaded {len(self.conv.messages)} messages from {arg}")
+        self.say(f"loaded {_count(len(self.conv.messages), 'message')} from {arg}")
 
     # Answers
 
@@ -267,8 +283,7 @@ class ChatRepl:
                      f"shorten it, or start with a larger --context", "yellow")
             return None
         if dropped:
-            self.say(f"context full: dropped the oldest {dropped} turn{'s' if dropped > 1 else ''} "
-                     f"(the system prompt stays)")
+            self.say(f"context full: dropped the oldest {_count(dropped, 'turn')} (the system prompt stays)")
         s.reset()
         return full, True
 
@@ -308,7 +323,16 @@ class ChatRepl:
 
     def print_stats(self) -> None:
         s = self.session
-        self.say(f"context {s.length + len(s.pending)}/{s.max_len} tokens · {len(self.conv.messages) // 2} turns", "")
+        turns = _count(len(self.conv.messages) // 2, "turn")
+        cached = s.length + len(s.pending)
+        if cached == 0 and self.conv.messages:  # after /load, /system, /think or /set draft: read in anew next turn
+            tok = self.bundle.tokenizer
+            waiting = len(tok.encode(tok.render_chat(self.conv.all_messages(), add_generation_prompt=False,
+                                                     think=self.conv.think)))
+            self.say(f"context 0/{s.max_len} tokens · {turns} ({waiting} tokens), read into the cache with the next "
+                     f"message", "")
+        else:
+            self.say(f"context {cached}/{s.max_len} tokens · {turns}", "")
         if not self.results:
             return
         last = self.results[-1].stats()
@@ -318,8 +342,29 @@ class ChatRepl:
         self.say(f"  first token {last['ttft_s'] * 1000:.0f} ms · {last['steps']} steps · draft {last['draft_s']:.3f} s · "
                  f"verify {last['verify_s']:.3f} s", "")
         captures = sum(r.graph_captures for r in self.results)
-        self.say(f"session: {total_tokens} tokens in {len(self.results)} answers · {captures} graph captures after "
-                 f"load", "")
+        self.say(f"session: {total_tokens} tokens in {_count(len(self.results), 'answer')} · "
+                 f"{_count(captures, 'graph capture')} after load", "")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _saved_messages(data) -> list[dict]:
+    """The messages of a conversation /save wrote ({"messages": [...]}, or the bare list); ValueError says what is
+    missing or wrong."""
+    if isinstance(data, dict):
+        if "messages" not in data:
+            raise ValueError('no "messages" in it (a file /save wrote has a list of {role, content} there)')
+        data = data["messages"]
+    if not isinstance(data, list):
+        raise ValueError('"messages" is not a list of {role, content}')
+    for i, m in enumerate(data, 1):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise ValueError(f"message {i} has no role system, user or assistant")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"message {i} has no content text")
+    return data
 
 
 @contextlib.contextmanager

@@ -77,14 +77,15 @@ def set_threads(threads: int | None, bundle_or_folder, device) -> int | None:
     return threads
 
 
-def check_draft_len(decoder, draft_len: int | None) -> None:
-    """--draft-len above what the drafter can propose is an error naming the maximum (not a silent clamp)."""
+def check_draft_len(decoder, draft_len: int | None, name: str = "--draft-len") -> None:
+    """--draft-len above what the drafter can propose is an error naming the maximum (not a silent clamp). name: how
+    the caller's user set it (chat's /set: draft_len)."""
     proposer = getattr(decoder, "proposer", None)
     if draft_len is None or proposer is None:
         return
     most = getattr(getattr(proposer, "inner", proposer), "max_draft", None)
     if most is not None and draft_len > most:
-        raise DflashError(f"--draft-len {draft_len} is more than this {decoder.kind} drafter proposes: at most {most}")
+        raise DflashError(f"{name} {draft_len} is more than this {decoder.kind} drafter proposes: at most {most}")
 
 
 def check_writable(path: Path | None, flag: str) -> None:

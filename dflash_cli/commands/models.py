@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .. import hub
 from ..registry import Registry, Source
@@ -23,15 +24,37 @@ def _status(src: Source) -> str:
 
 
 def list_models(console: Console) -> None:
+    """On a terminal, one block per entry: its name and description, then its target and drafters with what is
+    downloaded (long repo ids wrap, never cut). Elsewhere (a pipe, a file), one tab-separated line per entry."""
     reg = Registry.load()
-    table = Table(title=f"models ({reg.path})", title_justify="left")
-    for col in ("name", "target", "downloaded", "drafters"):
-        table.add_column(col)
-    for name, e in reg.entries.items():
-        drafters = ", ".join(f"{kind}: {src.name} [{_status(src)}]" for kind, src in e.drafters.items()) or "—"
-        label = name + (" (default)" if name == reg.default else "")
-        table.add_row(label, e.target.name, _status(e.target), drafters)
-    console.print(table)
+    entries = {name + (" (default)" if name == reg.default else ""): e for name, e in reg.entries.items()}
+    if not console.is_terminal:
+        lines = [f"# registry {reg.path}", "\t".join(("name", "description", "target", "downloaded", "drafters"))]
+        for label, e in entries.items():
+            drafters = ", ".join(f"{kind}: {src.name} [{_status(src)}]" for kind, src in e.drafters.items()) or "—"
+            lines.append("\t".join((label, e.description or "—", e.target.name, _status(e.target), drafters)))
+        console.file.write("\n".join(lines) + "\n")  # as is: rich would turn the tabs into spaces
+        return
+    rows = {label: [(role, src.name, _status(src)) for role, src in [("target", e.target), *e.drafters.items()]]
+            for label, e in entries.items()}
+    # The same columns in every block; a repo id wider than the terminal leaves folds onto the next line.
+    role_w = 2 + max(len(r[0]) for block in rows.values() for r in block)
+    status_w = max(len(r[2]) for block in rows.values() for r in block)
+    ref_w = max(8, min(max(len(r[1]) for block in rows.values() for r in block), console.width - role_w - status_w - 4))
+    console.print(f"models in {reg.path} (✓ downloaded; — not yet: dflash pull NAME)", style="dim", markup=False)
+    for label, e in entries.items():
+        head = Text()
+        head.append(label, style="bold")
+        if e.description:
+            head.append(f"  {e.description}", style="dim")
+        console.print(head)
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(width=role_w)
+        grid.add_column(width=ref_w, overflow="fold")
+        grid.add_column(width=status_w, overflow="fold")
+        for role, ref, status in rows[label]:
+            grid.add_row(f"  {role}", ref, status)
+        console.print(grid)
 
 
 def pull(model: str | None, drafters: bool, console: Console) -> None:

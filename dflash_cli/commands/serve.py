@@ -27,7 +27,9 @@ def run_serve(o: ServeOptions, console=None) -> None:
     if o.tensor_parallel != 1 or o.print_only:
         raise DflashError("--tensor-parallel and --print go with --engine vllm or sglang")
     if not serve_deps_installed():
-        raise DflashError("dflash serve needs FastAPI and uvicorn: pip install 'dflash-cli[serve]'")
+        # Not on PyPI as dflash-cli: the extra installs from a clone; the two packages install anywhere.
+        raise DflashError("dflash serve needs FastAPI and uvicorn: pip install fastapi uvicorn "
+                          "(from a clone: pip install -e '.[serve]')")
     _check_port(o.host, o.port)  # before the weights load
     import uvicorn
 

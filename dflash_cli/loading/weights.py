@@ -16,42 +16,42 @@ SINGLE_NAME = "model.safetensors"
 TORCH_NAME = "pytorch_model.bin"  # some EAGLE-3 drafters ship only this
 
 
-def tensor_files(model_dir: Path) -> dict[str, Path]:
-    """Map each tensor name to the file that holds it."""
+def tensor_files(model_dir: Path, role: str = "model") -> dict[str, Path]:
+    """Map each tensor name to the file that holds it. `role` names the checkpoint in errors ("target", ...)."""
     model_dir = Path(model_dir)
     index = model_dir / INDEX_NAME
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise DflashError(f"corrupt shard index {index}: {exc}") from None
+            raise DflashError(f"corrupt shard index of the {role} {index}: {exc}") from None
         files = {name: model_dir / fname for name, fname in weight_map.items()}
         for path in sorted(set(files.values())):
             if not path.is_file():
-                raise DflashError(f"missing shard {path.name} (listed in {index})")
+                raise DflashError(f"missing shard {path.name} of the {role} (listed in {index})")
         return files
     single = model_dir / SINGLE_NAME
     if single.is_file():
-        return {name: single for name in _names_in(single)}
+        return {name: single for name in _names_in(single, role)}
     others = sorted(model_dir.glob("*.safetensors"))
     if len(others) == 1:
-        return {name: others[0] for name in _names_in(others[0])}
+        return {name: others[0] for name in _names_in(others[0], role)}
     legacy = model_dir / TORCH_NAME
     if legacy.is_file():
-        return {name: legacy for name in _names_in(legacy)}
-    raise DflashError(f"no safetensors weights in {model_dir} (expected {SINGLE_NAME} or {INDEX_NAME})")
+        return {name: legacy for name in _names_in(legacy, role)}
+    raise DflashError(f"no safetensors weights for the {role} in {model_dir} (expected {SINGLE_NAME} or {INDEX_NAME})")
 
 
 class _TorchFile:
     """safe_open's interface over a pytorch_model.bin (memory-mapped, tensors only, no pickled code)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, role: str):
         try:
             self.tensors = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # torch raises many kinds for a corrupt or unsafe pickle
-            raise DflashError(f"cannot read {path.name}: {exc}") from None
+            raise DflashError(_unreadable(path, role, exc)) from None
         if not isinstance(self.tensors, dict):
-            raise DflashError(f"cannot read {path.name}: not a state dict")
+            raise DflashError(_unreadable(path, role, "not a state dict"))
 
     def __enter__(self):
         return self
@@ -69,18 +69,23 @@ class _TorchFile:
         return self.tensors[name]
 
 
-def _open(path: Path):
+def _open(path: Path, role: str):
     if path.suffix == ".bin":
-        return _TorchFile(path)
+        return _TorchFile(path, role)
     return safe_open(str(path), framework="pt")
 
 
-def _names_in(path: Path) -> list[str]:
+def _unreadable(path: Path, role: str, why) -> str:
+    """Which file of which checkpoint (the target's, a drafter's) could not be read, and why."""
+    return f"cannot read {path.name} of the {role} in {path.parent}: {why}"
+
+
+def _names_in(path: Path, role: str) -> list[str]:
     try:
-        with _open(path) as f:
+        with _open(path, role) as f:
             return list(f.keys())
     except (SafetensorError, OSError, ValueError) as exc:
-        raise DflashError(f"cannot read {path.name}: {exc}") from None
+        raise DflashError(_unreadable(path, role, exc)) from None
 
 
 def load_tensors(
@@ -91,14 +96,16 @@ def load_tensors(
     optional: set[str] = frozenset(),
     ignore_prefixes: tuple[str, ...] = (),
     rename=None,
+    role: str = "model",
 ) -> dict[str, torch.Tensor]:
     """Load exactly the `expected` tensors (name -> shape), each cast to dtype on device.
 
     `rename` maps a checkpoint name to ours (or None to skip it). Every missing,
-    unexpected or wrongly shaped tensor is reported by name in one error.
+    unexpected or wrongly shaped tensor is counted in one error that names the first few; `role` ("target",
+    "DFlash drafter", ...) says whose checkpoint it is.
     Files are memory-mapped, so a tensor is materialised once, at its destination.
     """
-    files = tensor_files(model_dir)
+    files = tensor_files(model_dir, role)
     by_file: dict[Path, list[tuple[str, str]]] = {}
     unexpected = []
     for ckpt_name, path in files.items():
@@ -117,7 +124,7 @@ def load_tensors(
     if unexpected:
         problems.append("unexpected tensors: " + _names(unexpected))
     if problems:
-        raise DflashError(f"checkpoint {model_dir} does not match the model: " + "; ".join(problems))
+        raise DflashError(f"the {role} checkpoint in {model_dir} does not match its config: " + "; ".join(problems))
 
     out: dict[str, torch.Tensor] = {}
     bad_shapes = []
@@ -125,7 +132,7 @@ def load_tensors(
     stream = _Stream(device) if device.type == "cuda" else None
     for path, pairs in by_file.items():
         try:
-            with _open(path) as f:
+            with _open(path, role) as f:
                 for ckpt_name, ours in pairs:
                     shape = tuple(_shape(f.get_slice(ckpt_name)))
                     if shape != tuple(expected[ours]):
@@ -136,11 +143,11 @@ def load_tensors(
                         continue
                     out[ours] = _to(f.get_tensor(ckpt_name), device, dtype)
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise DflashError(f"cannot read {path.name}: {exc}") from None
+            raise DflashError(_unreadable(path, role, exc)) from None
     if stream is not None:
         stream.finish()
     if bad_shapes:
-        raise DflashError(f"checkpoint {model_dir} has wrongly shaped tensors: " + _names(bad_shapes))
+        raise DflashError(f"the {role} checkpoint in {model_dir} has wrongly shaped tensors: " + _names(bad_shapes))
     return out
 
 
@@ -210,6 +217,7 @@ def _shape(t) -> tuple[int, ...]:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(t.get_shape())
 
 
-def _names(items: list[str], limit: int = 8) -> str:
+def _names(items: list[str], limit: int = 3) -> str:
+    """The first few, and how many more: an error stays one readable line when every tensor is wrong."""
     shown = ", ".join(items[:limit])
-    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")

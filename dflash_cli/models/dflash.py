@@ -197,7 +197,7 @@ class DFlashDrafter:
         # Some exports prefix the drafter's own tensors with "model."; embeddings/head are the target's.
         tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device,
                                ignore_prefixes=("lm_head.", "embed_tokens.", "model.embed_tokens."),
-                               rename=lambda n: n[6:] if n.startswith("model.") else n)
+                               rename=lambda n: n[6:] if n.startswith("model.") else n, role="DFlash drafter")
         return cls(c, tensors, target, source=str(path))
 
     @property

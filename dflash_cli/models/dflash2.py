@@ -256,7 +256,7 @@ class DFlash2Drafter(DFlashDrafter):
         window = tuning.KNOBS.draft_window if window is None else window
         c = DFlash2Config(read_json(path / "config.json", "drafter config"), path / "config.json", window)
         tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device, ignore_prefixes=IGNORED,
-                               rename=rename)
+                               rename=rename, role="DFlash 2 drafter")
         return cls(c, tensors, target, source=str(path), selector=selector)
 
     def block_states(self, block: torch.Tensor, span, final_norm: bool = False) -> torch.Tensor:

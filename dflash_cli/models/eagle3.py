@@ -154,7 +154,7 @@ class Eagle3Drafter:
 
         tensors = load_tensors(path, shapes, target.dtype, target.device,
                                optional={"d2t", "t2d", "embed_tokens.weight"}, rename=rename,
-                               ignore_prefixes=("midlayer.self_attn.rotary_emb",))
+                               ignore_prefixes=("midlayer.self_attn.rotary_emb",), role="EAGLE-3 drafter")
         return cls(c, tensors, target, str(path))
 
     def new_cache(self, rows: int) -> KVCache:

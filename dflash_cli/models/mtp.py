@@ -62,7 +62,7 @@ def rename(name: str) -> str | None:
 
 def has_mtp(model_dir: Path) -> bool:
     """Whether the checkpoint in model_dir ships MTP weights."""
-    return any(name.startswith(PREFIXES) for name in tensor_files(model_dir))
+    return any(name.startswith(PREFIXES) for name in tensor_files(model_dir, "target"))
 
 
 class MtpDrafter:
@@ -100,7 +100,8 @@ class MtpDrafter:
             raise DflashError(f"{path}: an MTP of {layers} layers is not supported (only mtp_num_hidden_layers 1)")
         if text.get("mtp_use_dedicated_embeddings"):
             raise DflashError(f"{path}: an MTP with its own embeddings (mtp_use_dedicated_embeddings) is not supported")
-        tensors = load_tensors(path, checkpoint_shapes(cfg), target.dtype, target.device, rename=rename)
+        tensors = load_tensors(path, checkpoint_shapes(cfg), target.dtype, target.device, rename=rename,
+                               role="MTP layer")
         return cls(tensors, target)
 
     def new_cache(self, rows: int) -> KVCache:

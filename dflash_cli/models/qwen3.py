@@ -61,6 +61,7 @@ class Qwen3Model:
             # Tied checkpoints sometimes still carry a copy of the head; rotary buffers are derived.
             ignore_prefixes=("lm_head.",) if cfg.tie_word_embeddings else (),
             rename=lambda n: None if n.endswith("rotary_emb.inv_freq") else n,
+            role="target",
         )
         return cls(cfg, tensors, device, dtype)
 

@@ -167,7 +167,8 @@ class Qwen35Model:
     def load(cls, model_dir: Path, device="cpu", dtype=torch.float32) -> "Qwen35Model":
         cfg = Qwen35Config.load(model_dir)
         tensors = load_tensors(model_dir, checkpoint_shapes(cfg), dtype, device,
-                               ignore_prefixes=("lm_head.",) if cfg.tie_word_embeddings else (), rename=rename)
+                               ignore_prefixes=("lm_head.",) if cfg.tie_word_embeddings else (), rename=rename,
+                               role="target")
         return cls(cfg, tensors, device, dtype)
 
     def new_cache(self, max_len: int) -> HybridCache:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import DflashError
-from ..registry import DRAFT_KINDS, Source
+from ..registry import DRAFT_KINDS, Source, draft_kind, looks_like_repo_id
 from .drafters import detect_kind, load as load_drafter
 from .generation import PlainDecoder
 from .speculative import SpeculativeDecoder
@@ -14,8 +16,10 @@ def default_draft(entry) -> str:
 
 
 def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
-    """The decoder for --draft (default: the entry's DFlash drafter, else plain decoding)."""
+    """The decoder for --draft (default: the entry's DFlash drafter, else plain decoding): none or a kind (in any
+    case), else a drafter folder or Hub repo id."""
     draft = draft or default_draft(bundle.entry)
+    draft = draft_kind(draft) or draft
     if draft == "none":
         return PlainDecoder()
     if draft_len is not None and draft_len < 1:
@@ -28,8 +32,11 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
         if src is None:
             raise DflashError(f"model '{bundle.entry.name}' has no {draft} drafter in the registry: "
                               f"pass --draft PATH_OR_REPO, or --draft none")
-    else:
+    elif Path(draft).expanduser().is_dir() or looks_like_repo_id(draft):
         src = Source(draft)
+    else:
+        raise DflashError(f"unknown drafter '{draft}': not a kind ({', '.join(('none',) + DRAFT_KINDS)}), "
+                          f"a drafter folder or a Hub repo id (owner/name)")
     path = src.path()
     kind = detect_kind(path)
     if draft in DRAFT_KINDS and kind != draft:

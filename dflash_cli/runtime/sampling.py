@@ -33,12 +33,21 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # nan passed `< 0` and ran as sampling
-            raise DflashError(f"--temperature must be a finite number >= 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise DflashError(f"--top-p must be in (0, 1] (got {self.top_p})")
-        if self.top_k < 0:
-            raise DflashError(f"--top-k must be >= 0 (got {self.top_k})")
+        bad = self.invalid(self.temperature, self.top_p, self.top_k)
+        if bad is not None:
+            name, rule = bad
+            raise DflashError(f"--{name.replace('_', '-')} {rule}")  # the flag: the command line set it
+
+    @staticmethod
+    def invalid(temperature: float, top_p: float, top_k: int) -> tuple[str, str] | None:
+        """The first value out of range as (its name, what it must be), or None: callers name it their way."""
+        if not (temperature >= 0 and math.isfinite(temperature)):  # nan passed `< 0` and ran as sampling
+            return "temperature", f"must be a finite number >= 0 (got {temperature})"
+        if not 0 < top_p <= 1:
+            return "top_p", f"must be in (0, 1] (got {top_p})"
+        if top_k < 0:
+            return "top_k", f"must be >= 0 (got {top_k})"
+        return None
 
     @property
     def greedy(self) -> bool:

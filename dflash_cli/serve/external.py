@@ -12,7 +12,7 @@ import sys
 
 from ..errors import DflashError
 from ..loading.config import read_json
-from ..registry import ModelEntry
+from ..registry import ModelEntry, draft_kind
 
 DFLASH_DEFAULT_BLOCK = 16  # a DFlash checkpoint's block_size when its config.json is not on disk (z-lab's -b16)
 # Each drafter kind as the engines name it: vLLM's --speculative-config method, SGLang's --speculative-algorithm.
@@ -29,6 +29,7 @@ def installed(engine: str) -> bool:
 
 def pick_draft(entry: ModelEntry, draft: str | None) -> str:
     draft = draft or ("dflash" if "dflash" in entry.drafters else "none")
+    draft = draft_kind(draft) or draft
     if draft != "none" and draft not in METHODS:
         raise DflashError(f"with --engine vllm or sglang, --draft takes none, dflash, dflash2 or eagle3 (got '{draft}')")
     if draft != "none" and draft not in entry.drafters:

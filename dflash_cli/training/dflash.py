@@ -38,7 +38,7 @@ def build(p: Preset, target, eos_id: int, mask_id: int, seed: int, block: int | 
     if start is None:
         tensors = init_tensors(checkpoint_shapes(c), torch.Generator().manual_seed(seed), p.dflash_layers)
     else:
-        tensors = load_tensors(start, checkpoint_shapes(c), torch.float32, "cpu")
+        tensors = load_tensors(start, checkpoint_shapes(c), torch.float32, "cpu", role="DFlash drafter")
     drafter = DFlashDrafter(c, {k: v.to(target.device) for k, v in tensors.items()}, target, fold=False)
     params = make_trainable(drafter, ["fc", "hidden_norm", "norm"])
     for layer in drafter.layers:

@@ -2,8 +2,8 @@
 CUDA, gradient clipping, and a checkpoint every few hundred steps that a rerun resumes from.
 
 Batches are drawn from a generator seeded by (seed, stage, step), so a resumed run sees the same
-batches as an uninterrupted one. `stop()` true after a step (a time limit) saves a checkpoint there and
-raises Paused: the next run resumes at that step."""
+batches as an uninterrupted one. A `Stop` due after a step (a time limit, or a Ctrl-C) saves a checkpoint
+there and raises Paused: the next run resumes at that step."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from typing import Callable
 
 import torch
 
+from .stop import Stop
+
 Report = Callable[[str, int, int, dict], None]  # stage, step, total steps, metrics
 
 
 class Paused(Exception):
-    """A stage stopped at its time limit with its progress saved; rerunning resumes it."""
+    """A stage stopped (a time limit, a Ctrl-C) with its progress saved; rerunning resumes it."""
 
     def __init__(self, stage: str, done: int, total: int):
         super().__init__(f"{stage} paused at {done}/{total}")
@@ -46,7 +48,7 @@ def lr_at(step: int, steps: int, peak: float) -> float:
 
 def optimise(stage: str, params: list[torch.nn.Parameter], loss_fn: Callable[[torch.Generator], tuple],
              steps: int, lr: float, work: Path, seed: int, device: torch.device, report: Report,
-             save_every: int = 250, stop: Callable[[], bool] | None = None) -> None:
+             save_every: int = 250, stop: Stop | None = None) -> None:
     """loss_fn(generator) -> (loss tensor, {metric: tensor}); runs steps [resume point, steps)."""
     decay = [p for p in params if p.dim() >= 2]
     plain = [p for p in params if p.dim() < 2]
@@ -61,6 +63,8 @@ def optimise(stage: str, params: list[torch.nn.Parameter], loss_fn: Callable[[to
                 p.copy_(saved)
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
+    if stop is not None and stop.interrupted and start < steps:  # Ctrl-C during the stage before: no step of this one
+        raise Paused(stage, start, steps)
     log_every = 1 if steps <= 100 else 10
     amp = autocast(device)
     for step in range(start, steps):

@@ -1,7 +1,8 @@
 """`dflash train demo`: tokenizer -> target -> distillation data -> DFlash -> block size -> EAGLE-3 -> evaluation.
 
 Every stage leaves its result in the output folder and is skipped when that result exists; a stage
-cut short (an error, Ctrl-C, or `time_limit` reached) resumes from its last checkpoint under `work/`.
+cut short (an error, or a second Ctrl-C) resumes from its last checkpoint under `work/`; `time_limit` reached or a
+Ctrl-C during a training loop or the distillation stops at the next step or part, saved there.
 The three model folders are in the published layouts and load with `--model DIR/target --draft
 DIR/dflash` (or DIR/eagle3). training_info.json records, per stage, the seconds it took (summed over
 the runs that worked on it) and where it ran."""
@@ -25,6 +26,7 @@ from . import eagle3 as eagle3_stage
 from . import target as target_stage
 from .evaluate import THREADS, WHERE, cpu_threads, device_name, evaluate
 from .loop import Paused, Report, autocast, optimise
+from .stop import Stop
 from .params import target_tensors
 
 DEFAULT = "T=0.0"  # the demo's default decoding (greedy: its generation_config), which the block choice serves
@@ -39,23 +41,22 @@ CPU = torch.device("cpu")
 
 def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: torch.device, seed: int,
                report: Report, note: Note, stages=STAGES, time_limit: float | None = None) -> dict:
-    """time_limit: seconds after which the run stops at the next checkpoint it can resume from (info["paused"])."""
+    """time_limit: seconds after which the run stops at the next checkpoint it can resume from (info["paused"]); a
+    Ctrl-C in a training loop or the distillation does the same at once."""
     out = Path(out)
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise DflashError(f"unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)})")
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    deadline = None if time_limit is None else time.monotonic() + time_limit
-    run = _Run(out, work, preset, roots, device, seed, report, note, stages,
-               (lambda: time.monotonic() > deadline) if deadline is not None else None)
+    run = _Run(out, work, preset, roots, device, seed, report, note, stages, Stop(time_limit))
     with ops.reference_only():  # the fused Triton kernels have no backward
         try:
             return run.train()
         except Paused as e:
-            run.info["paused"] = {"stage": e.stage, "done": e.done, "total": e.total}
+            run.info["paused"] = {"stage": e.stage, "done": e.done, "total": e.total, "by": run.stop.reason}
             run.write_info()
-            note(f"time limit: {e.stage} paused at {e.done}/{e.total} with its progress saved; "
+            note(f"{run.stop.reason}: {e.stage} paused at {e.done}/{e.total} with its progress saved; "
                  f"run the same command again to resume")
             return run.info
 
@@ -93,10 +94,7 @@ class _Run:
         torch.manual_seed(seed)
         info = self.info
         self.info.pop("paused", None)
-        earlier = (info.get("preset", {}).get("name"), info.get("seed"))
-        if earlier[0] is not None and earlier != (p.name, seed):
-            raise DflashError(f"{out} holds a run with preset {earlier[0]} and seed {earlier[1]}: resume it with the "
-                              f"same --preset and --seed, or train into a new folder")
+        check_same_run(out, p, seed)
         info.update({"preset": p.summary(), "seed": seed})
         # torch per device a run of this folder used (the stages say which device each ran on).
         versions = {k: v for k, v in info.get("versions", {}).items() if k not in ("torch", "device")}
@@ -207,8 +205,9 @@ class _Run:
         return info
 
     def optimise(self, stage, params, loss_fn, steps, lr):
-        optimise(stage, params, loss_fn, steps, lr, self.work, self.seed, self.device, self.report,
-                 self.p.save_every, self.stop)
+        with self.stop.on_ctrl_c(self.note):
+            optimise(stage, params, loss_fn, steps, lr, self.work, self.seed, self.device, self.report,
+                     self.p.save_every, self.stop)
 
     def distill(self, target, train_ids, parts: Path, eos: int) -> None:
         p = self.p
@@ -217,18 +216,21 @@ class _Run:
         self.note(f"distill: {p.distill_sequences} rows in {n} parts; prompts of {p.distill_prompts} tokens "
                   f"({p.synth_fraction:.0%} written by the target), continuations of {p.distill_continuations} "
                   f"({p.sampled_fraction:.0%} sampled at T {p.sample_temperatures}, the rest greedy)")
-        for i in range(n):
-            path = parts / distill.part_name(i)
-            if path.is_file():
-                continue
-            with autocast(self.device):
-                part = distill.make_part(target, train_ids, p, self.seed, i, eos)
-            tmp = path.with_suffix(".tmp")
-            torch.save(part, tmp)
-            tmp.replace(path)
-            self.report("distill", i + 1, n, {"rows": float((i + 1) * p.distill_batch)})
-            if i + 1 < n and self.stop is not None and self.stop():
-                raise Paused("distill", i + 1, n)
+        with self.stop.on_ctrl_c(self.note):
+            for i in range(n):
+                path = parts / distill.part_name(i)
+                if path.is_file():
+                    continue
+                if self.stop.interrupted:  # Ctrl-C during the stage before
+                    raise Paused("distill", i, n)
+                with autocast(self.device):
+                    part = distill.make_part(target, train_ids, p, self.seed, i, eos)
+                tmp = path.with_suffix(".tmp")
+                torch.save(part, tmp)
+                tmp.replace(path)
+                self.report("distill", i + 1, n, {"rows": float((i + 1) * p.distill_batch)})
+                if i + 1 < n and self.stop():
+                    raise Paused("distill", i + 1, n)
 
     def train_dflash(self, target, seqs, eos, mask, block, steps, folder: Path, start: Path | None) -> None:
         p = self.p
@@ -270,6 +272,15 @@ class _Run:
                                                  f"{SPEED_TIE:.0%} of it, the highest greedy τ"}
         speeds = ", ".join(f"{b}: {s['tok_per_s']} tok/s" for b, s in scores.items())
         self.note(f"block: {chosen} ships" + (f" ({speeds})" if scores else ""))
+
+
+def check_same_run(out: Path, preset: presets.Preset, seed: int) -> None:
+    """A folder that holds a run is resumed only with that run's preset and seed."""
+    info = _read_info(Path(out))
+    earlier = (info.get("preset", {}).get("name"), info.get("seed"))
+    if earlier[0] is not None and earlier != (preset.name, seed):
+        raise DflashError(f"{out} holds a run with preset {earlier[0]} and seed {earlier[1]}: resume it with the "
+                          f"same --preset and --seed, or train into a new folder")
 
 
 def _done(folder: Path) -> bool:

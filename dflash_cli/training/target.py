@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..layers import ops
 from ..loading.config import Qwen3Config
 from ..models.qwen3 import Qwen3Model, checkpoint_shapes
 from .params import init_tensors, save, target_tensors, target_trainable
@@ -35,6 +37,19 @@ def build(p: Preset, eos_id: int, seed: int, device) -> tuple[Qwen3Model, list[t
     tensors = {k: v.to(device) for k, v in tensors.items()}
     model = Qwen3Model(cfg, tensors, device, torch.float32)
     return model, target_trainable(model)
+
+
+def step_seconds(p: Preset, device) -> float:
+    """What one training step of p's target takes on `device`, from one timed row of its batch (a step's cost is
+    about linear in its rows: 1, 2, 4 and 8 rows of the demo's took 1.2-1.4 s a row on one CPU core). A few seconds
+    on a CPU; the weights are random, and no generator the run draws from is touched."""
+    model, _ = build(p, 0, 0, device)
+    row = torch.randint(0, p.vocab_size, (1, p.context + 1), generator=torch.Generator().manual_seed(0)).to(device)
+    with ops.reference_only():
+        loss(model, row[:, :65]).backward()  # warm-up: the first backward's allocations
+        t0 = time.perf_counter()
+        loss(model, row).backward()
+        return (time.perf_counter() - t0) * p.target_batch
 
 
 def windows(stream: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
