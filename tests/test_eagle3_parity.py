@@ -18,7 +18,6 @@ from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
-from dflash_cli.loading.weights import load_tensors
 from dflash_cli.models.eagle3 import Eagle3Config, Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
 from tiny import make_eagle3, make_qwen3

@@ -182,7 +182,7 @@ def test_accept_sampled_with_zeros_on_both_sides():
     """Filtered rows: q is zero where p has mass (EAGLE-3 tokens outside the draft vocabulary),
     p is zero where q has mass (the target's top-k/top-p cut)."""
     g = torch.Generator().manual_seed(7)
-    v, k = 6, 3
+    v = 6
     p = torch.stack([rows(g, 1, v, support=s)[0] for s in ([0, 1, 2, 3], [1, 2, 4], [0, 3, 4, 5], [2, 5])])
     q = torch.stack([rows(g, 1, v, support=s)[0] for s in ([2, 3, 4], [0, 1, 2, 4, 5], [3, 4])])
     accepted, emitted = run_accept(p, q, 20000, 3)
