@@ -379,3 +379,19 @@ def test_undecodable_prompts_are_one_error_line(gen, no_weights):
     """Before: bytes that are not UTF-8 on stdin or in --prompt ended as 'error: TypeError: TextInputSequence must be str'."""
     assert_one_line_error(gen(stdin="x = '\udcff'\n"), "not valid UTF-8 (stdin")
     assert_one_line_error(gen("-p", "x = '\udcff'"), "not valid UTF-8 (--prompt")
+
+
+def test_a_reader_that_stops_early_ends_generate_quietly():
+    """Before: `dflash generate ... | head -1` exited 1 without a word (typer's answer to a closed pipe)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    child = subprocess.Popen([sys.executable, "-m", "dflash_cli", "generate", "-p", "import os", "-n", "900",
+                              "--no-repeat-guard", *GREEDY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert child.stdout.readline()  # the first line, then the reader goes
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and err == "", err  # no traceback, no 'Exception ignored'
