@@ -44,9 +44,10 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     Exit codes: 0 success, 1 error, 2 usage error (bad flag or value), 130 interrupted (Ctrl-C)."""
 
 
-# Each command's flags are its options dataclass's fields (cli/options.py): declared once.
-app.command("generate")(command(GenerateOptions, "dflash_cli.commands.generate:run_generate", _console))
-app.command("chat")(command(ChatOptions, "dflash_cli.commands.chat:run_chat", _console))
+# Each command's flags are its options dataclass's fields (options.py): declared once. generate and chat start
+# in commands/start.py, which checks their input before torch is imported.
+app.command("generate")(command(GenerateOptions, "dflash_cli.commands.start:generate", _console))
+app.command("chat")(command(ChatOptions, "dflash_cli.commands.start:chat", _console))
 
 
 @app.command()

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..errors import DflashError
+from ..runtime.sampling_ranges import check_sampling
 
 DEFAULT_MAX_TOKENS = 512
 # Below this, one thread: the demo target (15 MB) on a 2-core CPU decodes 194-224 tok/s on 1 thread, 168-257 on 2 when
@@ -38,6 +39,33 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     except UnicodeEncodeError as exc:
         raise DflashError(f"the prompt is not valid UTF-8 ({source}, character {exc.start})") from None
     return text
+
+
+def check_generate(o) -> str:
+    """generate's input checks that need no model, so that they answer before torch is imported; returns the prompt."""
+    text = read_prompt(o.prompt, o.prompt_file)
+    if o.max_tokens < 1:
+        raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
+    if o.draft_len is not None and o.draft_len < 1:
+        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
+    if o.threads is not None and o.threads < 1:
+        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
+    check_sampling(o.temperature, o.top_p, o.top_k)
+    if o.raw and o.system:
+        raise DflashError("--system needs the chat template; drop --raw")
+    check_writable(o.trace, "--trace")
+    return text
+
+
+def check_chat(o) -> None:
+    """chat's input checks that need no model (the context's, the model's limit: after the tokenizer)."""
+    if o.threads is not None and o.threads < 1:
+        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
+    if o.draft_len is not None and o.draft_len < 1:
+        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
+    if o.max_tokens is not None and o.max_tokens < 1:
+        raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
+    check_sampling(o.temperature, o.top_p, o.top_k)
 
 
 def physical_cores() -> int:

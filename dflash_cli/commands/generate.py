@@ -17,32 +17,24 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView, footer_lines, json_stats
-from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_writable, finish_reason,
-                     read_prompt, set_threads, tee)
+from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_generate, finish_reason,
+                     set_threads, tee)
 
 __all__ = ["GenerateOptions", "run_generate"]
 
 
-def run_generate(o: GenerateOptions, console: Console) -> None:
+def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
+    """`status`: the loading line (ui/status.py) to take away before the answer shows."""
     clock = StartupClock()
     if o.url:
         from .remote import remote_generate
 
         return remote_generate(o, console)
-    text = read_prompt(o.prompt, o.prompt_file)
-    if o.max_tokens < 1:
-        raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
-    if o.draft_len is not None and o.draft_len < 1:
-        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
-    if o.threads is not None and o.threads < 1:
-        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
-    check_writable(o.trace, "--trace")
+    text = check_generate(o)
     bundle = open_bundle(Registry.load().resolve(o.model), o.device, o.dtype)
     clock.mark("tokenizer")
     tok = bundle.tokenizer
     if o.raw:
-        if o.system:
-            raise DflashError("--system needs the chat template; drop --raw")
         ids = tok.encode(text)
     else:
         messages = ([{"role": "system", "content": o.system}] if o.system else []) + [{"role": "user", "content": text}]
@@ -78,6 +70,8 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
             clock.mark("forced_pre_run")
         req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
         on_step = tee(guard.on_step, _tracer(trace))
+        if status is not None:
+            status.stop()
         if o.json:
             result = generate(session, decoder, req, on_step=on_step)
         else:

@@ -9,14 +9,13 @@ its Philox offset) or, on CPU, from the sampler's own seeded generator.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import DflashError
 from ..layers import ops
 from ..layers.spans import MAX_STEP_ROWS
+from .sampling_ranges import check_sampling
 
 # Candidates per row where top-k is set: torch.topk to this many, then temperature / top-k / top-p on them (a
 # full-vocabulary sort per row costs a decode step more than the 5% it may). Covers the usual top-k (Qwen3's 20).
@@ -33,12 +32,7 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # nan passed `< 0` and ran as sampling
-            raise DflashError(f"--temperature must be a finite number >= 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise DflashError(f"--top-p must be in (0, 1] (got {self.top_p})")
-        if self.top_k < 0:
-            raise DflashError(f"--top-k must be >= 0 (got {self.top_k})")
+        check_sampling(self.temperature, self.top_p, self.top_k)
 
     @property
     def greedy(self) -> bool:
