@@ -41,7 +41,7 @@ class GenerateOptions:
 
     model: Model = None
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt text.")] = None
-    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from this file.")] = None
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from this file ('-': stdin).")] = None
     system: System = None
     raw: Annotated[bool, typer.Option("--raw", help="Tokenize the prompt as is: no template, no special tokens added.")] = False
     think: Think = None

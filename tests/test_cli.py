@@ -77,6 +77,15 @@ def test_prompt_flag_file_and_stdin_agree(gen, prompts, tmp_path):
     assert runs[0].json()["tokens"] == runs[1].json()["tokens"] == runs[2].json()["tokens"]
 
 
+def test_prompt_file_dash_is_stdin(gen, prompts):
+    """Before: `--prompt-file -` looked for a file named '-'."""
+    runs = [gen("--prompt-file", "-", "-n", "2", "--json", *GREEDY, stdin="Explain recursion."),
+            gen("-p", "Explain recursion.", "-n", "2", "--json", *GREEDY)]
+    assert [r.code for r in runs] == [0, 0], [r.err for r in runs]
+    assert prompts[0] == prompts[1]
+    assert_one_line_error(gen("-f", "-", stdin="  \n"), "only whitespace (stdin)")
+
+
 def test_system_think_and_raw_shape_the_prompt(gen, prompts, tok):
     for flags in (["--system", "Be brief."], ["--no-think"], ["--think"], ["--raw"]):
         assert gen("-p", "hi", "-n", "1", "--json", *flags).code == 0

@@ -17,10 +17,13 @@ SMALL_MODEL_BYTES = 256 * 2**20
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt from --prompt, --prompt-file (`-`: stdin) or piped stdin, checked: not empty, valid UTF-8."""
     if prompt is not None and prompt_file is not None:
         raise DflashError("give either --prompt or --prompt-file, not both")
     if prompt is not None:
         text, source = prompt, "--prompt"
+    elif prompt_file is not None and str(prompt_file) == "-":
+        text, source = sys.stdin.read(), "stdin"
     elif prompt_file is not None:
         try:
             text = Path(prompt_file).expanduser().read_text(encoding="utf-8-sig")  # -sig: an editor's BOM is no prompt
