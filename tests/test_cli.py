@@ -86,6 +86,17 @@ def test_prompt_file_dash_is_stdin(gen, prompts):
     assert_one_line_error(gen("-f", "-", stdin="  \n"), "only whitespace (stdin)")
 
 
+def test_flags_that_do_nothing_here_are_a_warning_line(cli, gen):
+    """Before: `--draft none --draft-len 3`, and --think on the demo (no thinking mode), were silently ignored."""
+    res = gen("-p", "hi", "-n", "2", "--json", "--draft-len", "3")
+    assert res.code == 0 and res.err == "warning: --draft-len 3 is ignored: plain decoding (--draft none) drafts nothing\n"
+    res = cli("generate", "-p", "def f", "-n", "2", "--json", "--think")
+    assert res.code == 0 and res.err == "warning: --think: demo has no thinking mode (its chat template ignores it)\n"
+    res = gen("-p", "hi", "-n", "2", "--json", "--raw", "--no-think")
+    assert res.code == 0 and res.err == "warning: --no-think is ignored with --raw (no chat template)\n"
+    assert gen("-p", "hi", "-n", "2", "--json", "--think").err == ""  # the tiny model's template has one
+
+
 def test_system_think_and_raw_shape_the_prompt(gen, prompts, tok):
     for flags in (["--system", "Be brief."], ["--no-think"], ["--think"], ["--raw"]):
         assert gen("-p", "hi", "-n", "1", "--json", *flags).code == 0

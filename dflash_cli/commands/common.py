@@ -71,6 +71,31 @@ def check_chat(o) -> None:
     check_sampling(o.temperature, o.top_p, o.top_k)
 
 
+def warn(message: str) -> None:
+    """A flag that does nothing here: one line on stderr, and the command goes on."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def has_thinking(tokenizer) -> bool:
+    """Whether the chat template has a thinking mode: --think and --no-think render differently."""
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        return tokenizer.render_chat(probe, think=True) != tokenizer.render_chat(probe, think=False)
+    except DflashError:
+        return False
+
+
+def no_thinking(model: str) -> str:
+    return f"{model} has no thinking mode (its chat template ignores it)"
+
+
+def unused_draft_len(decoder, draft_len: int | None) -> str | None:
+    """The warning for --draft-len with plain decoding (it drafts nothing), or None."""
+    if draft_len is None or getattr(decoder, "proposer", None) is not None:
+        return None
+    return f"--draft-len {draft_len} is ignored: plain decoding (--draft none) drafts nothing"
+
+
 def physical_cores() -> int:
     """Physical cores among the CPUs this process may run on (hyper-threads counted once)."""
     try:

@@ -18,7 +18,7 @@ from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView, footer_lines, json_stats
 from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_generate, finish_reason,
-                     set_threads, tee)
+                     has_thinking, no_thinking, set_threads, tee, unused_draft_len, warn)
 
 __all__ = ["GenerateOptions", "run_generate"]
 
@@ -34,9 +34,14 @@ def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
     bundle = open_bundle(Registry.load().resolve(o.model), o.device, o.dtype)
     clock.mark("tokenizer")
     tok = bundle.tokenizer
+    think_flag = {True: "--think", False: "--no-think"}.get(o.think)
     if o.raw:
+        if think_flag:
+            warn(f"{think_flag} is ignored with --raw (no chat template)")
         ids = tok.encode(text)
     else:
+        if think_flag and not has_thinking(tok):
+            warn(f"{think_flag}: {no_thinking(bundle.entry.name)}")
         messages = ([{"role": "system", "content": o.system}] if o.system else []) + [{"role": "user", "content": text}]
         ids = tok.encode(tok.render_chat(messages, think=o.think))
     if not ids:
@@ -53,6 +58,8 @@ def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
     guard = RepetitionGuard(o.repeat_guard)
     try:
         decoder = make_decoder(bundle, o.draft, o.draft_len)
+        if unused := unused_draft_len(decoder, o.draft_len):
+            warn(unused)
         forced = tuning.KNOBS.force_tau
         if forced is not None and not hasattr(decoder, "proposer"):
             raise DflashError("DFLASH_FORCE_TAU forces a drafter's acceptance: it needs a drafter (not --draft none)")
