@@ -167,6 +167,14 @@ def test_piped_stream_is_plain_text(gen):
     assert streamed.out == as_json.json()["text"] + "\n"
 
 
+def test_on_a_terminal_a_chat_models_prompt_shows_as_a_quoted_line(gen, monkeypatch):
+    """The tiny model has a chat template: its prompt is a question, shown as `> question` above the answer."""
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich: a terminal
+    res = gen("-p", "What is two\nplus two?", "-n", "3", *GREEDY)
+    assert res.code == 0, res.err
+    assert "\x1b[2m> What is two\x1b[0m\n\x1b[2m> plus two?\x1b[0m\n" in res.out
+
+
 def test_prompt_longer_than_context_fails_before_loading(cli, tmp_path, no_weights):
     from tiny import make_qwen3
 

@@ -16,7 +16,7 @@ from ..runtime.session import Session
 from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
-from ..ui.stream import StreamView, footer_lines, json_stats
+from ..ui.stream import StreamView, footer_lines, json_stats, prompt_echo
 from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_generate, finish_reason,
                      has_thinking, no_thinking, set_threads, tee, unused_draft_len, warn)
 
@@ -39,11 +39,14 @@ def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
         if think_flag:
             warn(f"{think_flag} is ignored with --raw (no chat template)")
         ids = tok.encode(text)
+        continues = True
     else:
         if think_flag and not has_thinking(tok):
             warn(f"{think_flag}: {no_thinking(bundle.entry.name)}")
         messages = ([{"role": "system", "content": o.system}] if o.system else []) + [{"role": "user", "content": text}]
-        ids = tok.encode(tok.render_chat(messages, think=o.think))
+        rendered = tok.render_chat(messages, think=o.think)
+        ids = tok.encode(rendered)
+        continues = rendered.endswith(text)  # a template that continues the text (the demo's), not a chat turn
     if not ids:
         raise DflashError("the prompt is empty")
     limit = bundle.context_limit()
@@ -82,7 +85,9 @@ def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
         if o.json:
             result = generate(session, decoder, req, on_step=on_step)
         else:
-            with StreamView(console, tok, tok.stop_ids, show_drafts=o.show_drafts) as view:
+            # On a terminal the prompt shows first, dimmed (a pipe gets only the answer: StreamView's plain mode)
+            with StreamView(console, tok, tok.stop_ids, show_drafts=o.show_drafts,
+                            echo=prompt_echo(text, continues)) as view:
                 result = generate(session, decoder, req, on_step=tee(view.on_step, on_step))
                 view.finish_reason = finish_reason(result, guard)
     finally:
