@@ -48,7 +48,7 @@ class GenerateOptions:
     temperature: Temperature = None
     top_p: TopP = None
     top_k: TopK = None
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Longest answer in tokens.")] = 512
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Longest answer in tokens; an answer also ends where the context is full (finish reason 'context').")] = 512
     seed: Seed = None
     context: Annotated[Optional[int], typer.Option("--context", help="KV cache size in tokens: prompt and answer together (default: the model's context).")] = None
     device: Device = None

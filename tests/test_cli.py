@@ -97,6 +97,17 @@ def test_flags_that_do_nothing_here_are_a_warning_line(cli, gen):
     assert gen("-p", "hi", "-n", "2", "--json", "--think").err == ""  # the tiny model's template has one
 
 
+def test_max_tokens_past_the_context_ends_at_the_context(gen):
+    """generate's -n is a ceiling (as serve's max_tokens): an answer that reaches the context's end stops there, says
+    so (finish reason 'context', the footer's [context]) and --help says it; chat's -n is per answer in a conversation
+    that has to fit, so there it is an error."""
+    res = gen("-p", "hi", "-n", "99999999", "--context", "24", "--json", "--no-repeat-guard", *GREEDY)
+    data = res.json()
+    assert res.code == 0 and data["finish_reason"] in ("context", "stop"), res.err
+    assert data["prompt_tokens"] + len(data["tokens"]) <= 24
+    assert "where the context is full" in re.sub(r"[\s│]+", " ", gen("--help").out)
+
+
 def test_system_think_and_raw_shape_the_prompt(gen, prompts, tok):
     for flags in (["--system", "Be brief."], ["--no-think"], ["--think"], ["--raw"]):
         assert gen("-p", "hi", "-n", "1", "--json", *flags).code == 0
