@@ -3,3 +3,7 @@
 
 class DflashError(Exception):
     """A user-facing failure: bad input, missing file, unsupported checkpoint."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C, after the command has shown what it finished: the CLI prints this one line and exits 130."""

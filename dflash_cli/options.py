@@ -41,14 +41,14 @@ class GenerateOptions:
 
     model: Model = None
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The prompt text.")] = None
-    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from this file.")] = None
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", "-f", help="Read the prompt from this file ('-': stdin).")] = None
     system: System = None
     raw: Annotated[bool, typer.Option("--raw", help="Tokenize the prompt as is: no template, no special tokens added.")] = False
     think: Think = None
     temperature: Temperature = None
     top_p: TopP = None
     top_k: TopK = None
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Longest answer in tokens.")] = 512
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Longest answer in tokens; an answer also ends where the context is full (finish reason 'context').")] = 512
     seed: Seed = None
     context: Annotated[Optional[int], typer.Option("--context", help="KV cache size in tokens: prompt and answer together (default: the model's context).")] = None
     device: Device = None

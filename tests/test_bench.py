@@ -275,6 +275,33 @@ def test_ctrl_c_stops_the_bench_and_no_cut_short_run_is_tabled(cli, registry, tm
     assert "tok/s" not in r.out and not out.exists()
 
 
+def test_ctrl_c_keeps_the_modes_that_finished(cli, registry, tmp_path, monkeypatch):
+    """Before: Ctrl-C during the third mode printed only `interrupted` and threw away the two modes measured."""
+    from dflash_cli.bench import run as bench_run
+
+    real, calls = bench_run.generate, []
+
+    def ctrl_c_in_eagle3(session, decoder, req, on_step=None):
+        calls.append(decoder.kind)
+        if calls.count("eagle3") == 3:  # its warm-up (2 prompts) done, in its first timed run
+            def on_step(step):
+                raise KeyboardInterrupt
+        return real(session, decoder, req, on_step=on_step)
+
+    monkeypatch.setattr(bench_run, "generate", ctrl_c_in_eagle3)
+    out = tmp_path / "b.json"
+    r = cli("bench", "--draft", "dflash,eagle3", "--prompts", registry / "prompts.jsonl", "--max-tokens", "4",
+            "--json", out)
+    assert r.code == 130, r.err
+    assert r.err.strip() == ("interrupted during eagle3 (0 of 2 timed runs done): the figures are the modes that "
+                             "finished")
+    table = r.out.split("engine:")[0]
+    assert re.search(r"│ none ", table) and re.search(r"│ dflash ", table) and "eagle3" not in table
+    rep = json.loads(out.read_text())
+    assert [m["mode"] for m in rep["modes"]] == ["none", "dflash"]
+    assert rep["interrupted"] == {"mode": "eagle3", "timed_runs_done": 0, "timed_runs": 2}
+
+
 @pytest.mark.parametrize("flag", ["--json", "--plot"])
 def test_output_paths_are_checked_before_the_first_run(cli, registry, tmp_path, monkeypatch, flag):
     """Before: an unwritable --json/--plot path failed only after the whole bench."""

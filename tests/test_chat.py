@@ -318,6 +318,15 @@ def test_think_on_a_model_without_thinking_says_so(cli, monkeypatch):
     assert res.code == 0 and "has no thinking mode" in res.out and "thinking on" not in res.out
 
 
+def test_flags_that_do_nothing_here_are_a_warning_line(cli, monkeypatch):
+    """Before: `chat demo --think` and `--draft none --draft-len 3` were silently ignored."""
+    monkeypatch.setenv("COLUMNS", "250")
+    res = cli("chat", "demo", "--draft", "none", "--draft-len", "3", "--think", "--max-tokens", "2", stdin="")
+    assert res.code == 0 and res.err.splitlines() == [
+        "warning: --draft-len 3 is ignored: plain decoding (--draft none) drafts nothing",
+        "warning: --think: demo has no thinking mode (its chat template ignores it)"], res.err
+
+
 def test_interrupted_answer_stats_are_honest(repl, monkeypatch):
     """Before: /stats showed 0.0 tok/s for an interrupted answer."""
     import time

@@ -91,6 +91,37 @@ def test_prompt_flag_file_and_stdin_agree(gen, prompts, tmp_path):
     assert runs[0].json()["tokens"] == runs[1].json()["tokens"] == runs[2].json()["tokens"]
 
 
+def test_prompt_file_dash_is_stdin(gen, prompts):
+    """Before: `--prompt-file -` looked for a file named '-'."""
+    runs = [gen("--prompt-file", "-", "-n", "2", "--json", *GREEDY, stdin="Explain recursion."),
+            gen("-p", "Explain recursion.", "-n", "2", "--json", *GREEDY)]
+    assert [r.code for r in runs] == [0, 0], [r.err for r in runs]
+    assert prompts[0] == prompts[1]
+    assert_one_line_error(gen("-f", "-", stdin="  \n"), "only whitespace (stdin)")
+
+
+def test_flags_that_do_nothing_here_are_a_warning_line(cli, gen):
+    """Before: `--draft none --draft-len 3`, and --think on the demo (no thinking mode), were silently ignored."""
+    res = gen("-p", "hi", "-n", "2", "--json", "--draft-len", "3")
+    assert res.code == 0 and res.err == "warning: --draft-len 3 is ignored: plain decoding (--draft none) drafts nothing\n"
+    res = cli("generate", "-p", "def f", "-n", "2", "--json", "--think")
+    assert res.code == 0 and res.err == "warning: --think: demo has no thinking mode (its chat template ignores it)\n"
+    res = gen("-p", "hi", "-n", "2", "--json", "--raw", "--no-think")
+    assert res.code == 0 and res.err == "warning: --no-think is ignored with --raw (no chat template)\n"
+    assert gen("-p", "hi", "-n", "2", "--json", "--think").err == ""  # the tiny model's template has one
+
+
+def test_max_tokens_past_the_context_ends_at_the_context(gen):
+    """generate's -n is a ceiling (as serve's max_tokens): an answer that reaches the context's end stops there, says
+    so (finish reason 'context', the footer's [context]) and --help says it; chat's -n is per answer in a conversation
+    that has to fit, so there it is an error."""
+    res = gen("-p", "hi", "-n", "99999999", "--context", "24", "--json", "--no-repeat-guard", *GREEDY)
+    data = res.json()
+    assert res.code == 0 and data["finish_reason"] in ("context", "stop"), res.err
+    assert data["prompt_tokens"] + len(data["tokens"]) <= 24
+    assert "where the context is full" in re.sub(r"[\s│]+", " ", gen("--help").out)
+
+
 def test_system_think_and_raw_shape_the_prompt(gen, prompts, tok):
     for flags in (["--system", "Be brief."], ["--no-think"], ["--think"], ["--raw"]):
         assert gen("-p", "hi", "-n", "1", "--json", *flags).code == 0
@@ -159,6 +190,14 @@ def test_piped_stream_is_plain_text(gen):
     assert streamed.code == 0, streamed.err
     assert "\x1b" not in streamed.out and "tok/s" not in streamed.out  # no colours, no footer
     assert streamed.out == as_json.json()["text"] + "\n"
+
+
+def test_on_a_terminal_a_chat_models_prompt_shows_as_a_quoted_line(gen, monkeypatch):
+    """The tiny model has a chat template: its prompt is a question, shown as `> question` above the answer."""
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich: a terminal
+    res = gen("-p", "What is two\nplus two?", "-n", "3", *GREEDY)
+    assert res.code == 0, res.err
+    assert "\x1b[2m> What is two\x1b[0m\n\x1b[2m> plus two?\x1b[0m\n" in res.out
 
 
 def test_prompt_longer_than_context_fails_before_loading(cli, tmp_path, no_weights):
@@ -449,3 +488,19 @@ def test_draft_kind_in_capitals_is_the_kind(cli):
     assert res.json()["stats"]["draft_kind"] == "eagle3"
     plain = cli("generate", "-p", "def f():", "--draft", "None", "-n", "2", "--json")
     assert plain.code == 0 and plain.json()["stats"]["draft_kind"] == "none", plain.err
+
+
+def test_a_reader_that_stops_early_ends_generate_quietly():
+    """Before: `dflash generate ... | head -1` exited 1 without a word (typer's answer to a closed pipe)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    child = subprocess.Popen([sys.executable, "-m", "dflash_cli", "generate", "-p", "import os", "-n", "900",
+                              "--no-repeat-guard", *GREEDY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert child.stdout.readline()  # the first line, then the reader goes
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and err == "", err  # no traceback, no 'Exception ignored'

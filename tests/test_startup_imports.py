@@ -1,5 +1,5 @@
 """What a command imports on its way to the first token, each in a fresh Python (the measure of start-up): `--help`
-no torch; `generate` no other command's modules; a Hub model found before, no huggingface_hub API; a step's
+no torch; `generate` no other command's modules; an input error no torch; a Hub model found before, no huggingface_hub API; a step's
 capture, no kernels of the models it does not run."""
 
 import os
@@ -40,6 +40,21 @@ def test_generate_imports_none_of_the_other_commands():
               "dflash_cli.bench", "dflash_cli.remote", "huggingface_hub", "prompt_toolkit", "fastapi", "uvicorn",
               "matplotlib", "transformers", "triton")  # triton: the CPU runs no kernels
     assert not {m for m in loaded for o in others if m == o or m.startswith(o + ".")}
+
+
+@pytest.mark.parametrize("args", [["-p", ""], ["-p", "x", "-n", "0"], ["-p", "x", "--temperature", "-1"],
+                                  ["-f", "missing.txt"], ["-m", "no-such-model", "-p", "x"]])
+def test_generate_input_errors_come_before_torch(args):
+    """Before: `generate -p ''` and the like answered only after the seconds torch's import takes."""
+    script = (f"import sys\nsys.argv = ['dflash', 'generate', *{args!r}]\nfrom dflash_cli.cli.app import main\n"
+              "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 1, exc.code\n")
+    assert "torch" not in modules_after(script)
+
+
+def test_chat_input_errors_come_before_torch():
+    script = ("import sys\nsys.argv = ['dflash', 'chat', '--top-p', '2']\nfrom dflash_cli.cli.app import main\n"
+              "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 1, exc.code\n")
+    assert "torch" not in modules_after(script)
 
 
 def test_a_snapshot_found_before_needs_no_hub_api(tmp_path, tiny_model):

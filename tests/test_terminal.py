@@ -55,11 +55,25 @@ def test_long_answer_leaves_each_line_once_in_the_scrollback(cli, term, draft, c
     footer = [i for i, line in enumerate(lines) if re.match(r"\d+ tok · [\d.]+ tok/s", line)]
     assert len(footer) == 1, "\n".join(lines)  # the footer, once, after the answer
     body = "\n".join(lines[: footer[0]])
-    assert squeeze(body) == squeeze(expected["text"])  # every line once, nothing lost, nothing repeated
+    assert squeeze(body) == squeeze("import os" + expected["text"])  # the prompt, then every line once
     assert all(len(line) <= cols for line in lines)
     if draft == "dflash" and cols == 80:
         assert lines[footer[0] + 1].startswith("accepted drafts/step 0–15:")
         assert "accept % by draft position 1–15:" in "\n".join(lines[footer[0] + 1:])
+
+
+def test_generate_shows_loading_then_the_prompt_dimmed_and_the_answer_after_it(cli, term):
+    """Before: nothing for the seconds of start-up, then an answer that began mid-line (`def fibonacci(n):` showed as
+    a blank line and `    \"\"\"`): the prompt was not echoed."""
+    args = ("generate", "-p", "def fibonacci(n):", "-n", "30", *DEMO)
+    expected = cli(*args, "--json").json()["text"]
+    t = term(*args)
+    assert t.wait_exit(120) == 0
+    raw = t.raw.decode("utf-8", "replace")
+    assert "loading demo…" in raw and "loading" not in t.text()  # a status while it loads, gone before the answer
+    assert raw.index("loading demo…") < raw.index("\x1b[2mdef fibonacci(n):")  # the prompt, dimmed
+    first = ("def fibonacci(n):" + expected).split("\n")[:3]
+    assert t.lines()[:3] == [line.rstrip() for line in first]
 
 
 def test_chat_long_answers_are_not_duplicated(term):

@@ -1,7 +1,9 @@
 """The streaming view's pieces: a labelled footer that fits 80 columns with every draft position, the names
---json uses, and the repetition guard."""
+--json uses, the repetition guard, and the prompt's echo."""
 
 import io
+
+import pytest
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -98,3 +100,42 @@ def test_stream_view_prints_each_finished_line_once_and_keeps_only_the_tail_live
     for i in range(30):
         assert printed.count(f"line {i}\r\n") + printed.count(f"line {i}\n") >= 1
     assert "tail" in printed
+
+
+def test_the_prompt_echo_is_dim_text_the_answer_continues_or_a_quoted_question():
+    from dflash_cli.ui.stream import ECHO_LINES, prompt_echo
+
+    echo = prompt_echo("def fibonacci(n):", continues=True)
+    assert echo.plain == "def fibonacci(n):" and echo.style == "dim"  # the answer goes on from the colon
+    assert prompt_echo("What is τ?\nBriefly.", continues=False).plain == "> What is τ?\n> Briefly.\n"
+    long = "\n".join(f"line {i}" for i in range(20))
+    assert prompt_echo(long, continues=True).plain.split("\n") == (
+        [f"… ({20 - ECHO_LINES} earlier lines of the prompt)"] + [f"line {i}" for i in range(20 - ECHO_LINES, 20)])
+    assert prompt_echo(long, continues=False).plain.split("\n")[-3:] == [f"> line {ECHO_LINES - 1}",
+                                                                         f"> … ({20 - ECHO_LINES} more lines)", ""]
+    assert len(prompt_echo("x" * 100_000, continues=True).plain) < 1000  # one huge line: its end only
+
+
+def test_stream_view_shows_the_echo_before_the_answer_on_a_terminal_only(monkeypatch, capsys):
+    """Before: generate showed no prompt, so `def fibonacci(n):` came out as a blank line then `    \"\"\"`."""
+    pyte = pytest.importorskip("pyte")
+    from dflash_cli.ui import stream
+    from dflash_cli.ui.stream import prompt_echo
+
+    monkeypatch.setattr(stream, "StreamDecoder", lambda tok: type("D", (), {
+        "push": lambda self, ids: "".join(chr(i) for i in ids), "flush": lambda self: ""})())
+
+    def shown(live: bool) -> str:
+        out = io.StringIO()
+        console = Console(file=out, width=40, height=10, force_terminal=live, color_system="standard" if live else None)
+        with StreamView(console, FakeTok(), [], live=live, echo=prompt_echo("def f(n):", True)) as view:
+            for ch in '\n    """Doc."""':
+                view.on_step(Step(emitted=[ord(ch)]))
+        return out.getvalue() + capsys.readouterr().out
+
+    screen = pyte.Screen(40, 10)
+    screen.set_mode(pyte.modes.LNM)
+    pyte.Stream(screen).feed(shown(True))
+    assert screen.display[:2] == ["def f(n):".ljust(40), '    """Doc."""'.ljust(40)]
+    assert "\x1b[2mdef f(n):" in shown(True)  # dimmed
+    assert shown(False) == '\n    """Doc."""\n'  # a pipe gets the answer only

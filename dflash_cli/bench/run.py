@@ -155,8 +155,9 @@ class BenchTarget:
 def run_modes(o: BenchOptions, on_progress=None) -> dict:
     """Run all modes; returns the report dict (figures, device, versions).
 
-    Ctrl-C stops the whole bench at once (KeyboardInterrupt propagates): a run cut short never enters a table.
-    `on_progress(label, done, total)` follows the warm-up and the timed runs."""
+    Ctrl-C stops the whole bench at once: the report holds the modes that finished, and `interrupted` names the mode
+    that was running with its timed runs done (a run cut short never enters a table); Ctrl-C before any mode finished
+    propagates (KeyboardInterrupt). `on_progress(label, done, total)` follows the warm-up and the timed runs."""
     if o.max_tokens < 1 or o.repeat < 1:
         raise DflashError("--max-tokens and --repeat must be >= 1")
     if o.synthetic and o.temperature > 0:
@@ -173,34 +174,21 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
         session.fast.capture_prefills = True  # one per prompt (a mode's keys are its prompts' sizes)
         session.fast.prefill_graphs = max(session.fast.prefill_graphs, len(bt.prompt_ids))
     start = Totals.snapshot()
+    interrupted = None
     for mode in o.drafts:
         run = ModeRun(mode, "none", [])
-        # Repetition 0 is the warm-up, not counted: every prompt once at full length. Greedy (and
-        # seeded) runs repeat exactly, so every CUDA graph the timed runs need (one per attention
-        # window bucket and span size, target and drafter) is captured before anything is timed.
-        for rep in range(o.repeat + 1):
-            for i, ids in enumerate(bt.prompt_ids):
-                decoder = bt.decoder(mode, plain_first, i)
-                run.kind = decoder.kind
-                session.reset()
-                req = Request(ids, params, o.max_tokens, bt.stop_ids)
-                before = Totals.snapshot()
-                r = generate(session, decoder, req)
-                if r.interrupted:
-                    raise KeyboardInterrupt  # generate() keeps a chat usable after Ctrl-C; a bench just stops
-                if rep == 0 and on_progress:
-                    on_progress(f"{mode} warm-up", i + 1, len(bt.prompt_ids))
-                if rep > 0:
-                    after = Totals.snapshot()
-                    run.shapes_timed += after[0] - before[0]
-                    run.captures_timed += after[1] - before[1]
-                    run.results.append(r)
-                    if on_progress:
-                        on_progress(mode, len(run.results), len(bt.prompt_ids) * o.repeat)
+        try:
+            _run_mode(o, bt, session, params, run, plain_first, on_progress)
+        except KeyboardInterrupt:
+            interrupted = {"mode": mode, "timed_runs_done": len(run.results), "timed_runs": len(bt.prompt_ids) * o.repeat}
+            if not runs:
+                raise
+            break
         if mode == "none":
             plain_first = run.results[: len(bt.prompt_ids)]
         runs.append(run)
     rep = report(o, bt, runs, params)
+    rep["interrupted"] = interrupted
     end = Totals.snapshot()
     rep["engine"] = {
         "path": session.path,
@@ -210,6 +198,34 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
         "graph_shapes_timed": sum(r.shapes_timed for r in runs),  # the same count on the eager static path
     }
     return rep
+
+
+def _run_mode(o: BenchOptions, bt: BenchTarget, session: Session, params: SamplingParams, run: ModeRun,
+              plain_first: list[Result] | None, on_progress) -> None:
+    """One mode: its warm-up, then its timed runs into `run`."""
+    mode = run.mode
+    # Repetition 0 is the warm-up, not counted: every prompt once at full length. Greedy (and
+    # seeded) runs repeat exactly, so every CUDA graph the timed runs need (one per attention
+    # window bucket and span size, target and drafter) is captured before anything is timed.
+    for rep in range(o.repeat + 1):
+        for i, ids in enumerate(bt.prompt_ids):
+            decoder = bt.decoder(mode, plain_first, i)
+            run.kind = decoder.kind
+            session.reset()
+            req = Request(ids, params, o.max_tokens, bt.stop_ids)
+            before = Totals.snapshot()
+            r = generate(session, decoder, req)
+            if r.interrupted:
+                raise KeyboardInterrupt  # generate() keeps a chat usable after Ctrl-C; a bench just stops
+            if rep == 0 and on_progress:
+                on_progress(f"{mode} warm-up", i + 1, len(bt.prompt_ids))
+            if rep > 0:
+                after = Totals.snapshot()
+                run.shapes_timed += after[0] - before[0]
+                run.captures_timed += after[1] - before[1]
+                run.results.append(r)
+                if on_progress:
+                    on_progress(mode, len(run.results), len(bt.prompt_ids) * o.repeat)
 
 
 def report(o: BenchOptions, bt: BenchTarget, runs: list[ModeRun], params: SamplingParams) -> dict:

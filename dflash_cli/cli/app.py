@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -11,7 +12,7 @@ import typer
 from rich.console import Console
 
 from .. import tuning
-from ..errors import DflashError
+from ..errors import DflashError, Interrupted
 from ..options import BenchOptions, ChatOptions, GenerateOptions, ServeOptions, TrainOptions, command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -43,9 +44,10 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     Exit codes: 0 success, 1 error, 2 usage error (bad flag or value), 130 interrupted (Ctrl-C)."""
 
 
-# Each command's flags are its options dataclass's fields (cli/options.py): declared once.
-app.command("generate")(command(GenerateOptions, "dflash_cli.commands.generate:run_generate", _console))
-app.command("chat")(command(ChatOptions, "dflash_cli.commands.chat:run_chat", _console))
+# Each command's flags are its options dataclass's fields (options.py): declared once. generate and chat start
+# in commands/start.py, which checks their input before torch is imported.
+app.command("generate")(command(GenerateOptions, "dflash_cli.commands.start:generate", _console))
+app.command("chat")(command(ChatOptions, "dflash_cli.commands.start:chat", _console))
 
 
 @app.command()
@@ -74,18 +76,53 @@ app.command("train")(command(TrainOptions, "dflash_cli.commands.train:run_train"
 app.command("serve")(command(ServeOptions, "dflash_cli.commands.serve:run_serve", _console))
 
 
+def _quiet_on_closed_pipe(fn):
+    """A reader that stops early (`dflash generate ... | head -1`) ends the command quietly with exit 0, as git and
+    ripgrep do: the reader had what it wanted, and `set -o pipefail` scripts should not fail for it. Caught here,
+    inside the command, because typer would turn it into a silent exit 1."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BrokenPipeError:
+            _drop_stdout()
+
+    return run
+
+
+def _drop_stdout() -> None:
+    """stdout's reader is gone: point it at devnull (Python's advice), so the flush at exit meets no second
+    BrokenPipeError (an 'Exception ignored' line on stderr)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+for _info in app.registered_commands:
+    _info.callback = _quiet_on_closed_pipe(_info.callback)
+
+
 def main() -> None:
-    """Entry point: user-facing errors become one line on stderr and exit 1; Ctrl-C exits 130."""
+    """Entry point: user-facing errors become one line on stderr and exit 1; Ctrl-C exits 130; a closed stdout
+    (the reader stopped early) exits 0 without a word."""
     # torch warns at import where NumPy is not installed (the CPU wheel does not require it); nothing here uses NumPy.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         tuning.configure()  # the knobs, read once for this command
         code = app(standalone_mode=False)
+        sys.stdout.flush()  # here, not at exit, so that a reader gone by now is a closed pipe like any other
+    except BrokenPipeError:
+        _drop_stdout()
+        code = 0
     except DflashError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
+    except Interrupted as exc:
+        print(exc, file=sys.stderr)
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from ..bench.report import print_table, require_matplotlib, write_json, write_plot
 from ..bench.run import BenchOptions, run_modes
-from ..errors import DflashError
+from ..errors import DflashError, Interrupted
 from .common import check_writable, set_threads
 
 __all__ = ["BenchOptions", "run_bench", "synthetic_memory"]
@@ -71,6 +71,10 @@ def run_bench(o: BenchOptions, console: Console) -> dict:
         write_json(rep, o.json)
     if o.plot:
         write_plot(rep, o.plot)
+    stopped = rep["interrupted"]
+    if stopped:
+        raise Interrupted(f"interrupted during {stopped['mode']} ({stopped['timed_runs_done']} of "
+                          f"{stopped['timed_runs']} timed runs done): the figures are the modes that finished")
     return rep
 
 

@@ -20,7 +20,8 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import LEGEND, StreamView
-from .common import RepetitionGuard, capture_graphs, check_draft_len, finish_reason, set_threads, tee
+from .common import (RepetitionGuard, capture_graphs, check_draft_len, finish_reason, has_thinking, no_thinking,
+                     set_threads, tee, unused_draft_len, warn)
 
 __all__ = ["ChatOptions", "ChatRepl", "run_chat"]
 
@@ -74,6 +75,10 @@ class ChatRepl:
         self.draft, self.draft_len = o.draft, o.draft_len
         self.decoder = make_decoder(self.bundle, o.draft, o.draft_len)
         check_draft_len(self.decoder, o.draft_len)
+        if unused := unused_draft_len(self.decoder, o.draft_len):
+            warn(unused)
+        if o.think is not None and not self.has_thinking():
+            warn(f"{'--think' if o.think else '--no-think'}: {no_thinking(self.bundle.entry.name)}")
         self.session = Session(self.bundle.load_model(), context)
         capture_graphs(self.session, self.decoder, self.params, switchable=True)
         self.conv = Conversation(self.bundle.tokenizer, system=o.system, think=o.think)
@@ -151,7 +156,7 @@ class ChatRepl:
             if arg not in ("on", "off"):
                 self.say("usage: /think on|off", "red")
             elif not self.has_thinking():
-                self.say(f"{self.bundle.entry.name} has no thinking mode (its chat template ignores it)", "yellow")
+                self.say(no_thinking(self.bundle.entry.name), "yellow")
             else:
                 self.conv.think = arg == "on"
                 self.session.reset()
@@ -184,11 +189,7 @@ class ChatRepl:
         self.console.print(grid)
 
     def has_thinking(self) -> bool:
-        tok, probe = self.bundle.tokenizer, [{"role": "user", "content": "x"}]
-        try:
-            return tok.render_chat(probe, think=True) != tok.render_chat(probe, think=False)
-        except DflashError:
-            return False
+        return has_thinking(self.bundle.tokenizer)
 
     def settings(self) -> str:
         p = self.params

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..errors import DflashError
+from ..runtime.sampling_ranges import check_sampling
 
 DEFAULT_MAX_TOKENS = 512
 # Below this, one thread: the demo target (15 MB) on a 2-core CPU decodes 194-224 tok/s on 1 thread, 168-257 on 2 when
@@ -16,10 +17,13 @@ SMALL_MODEL_BYTES = 256 * 2**20
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """The prompt from --prompt, --prompt-file (`-`: stdin) or piped stdin, checked: not empty, valid UTF-8."""
     if prompt is not None and prompt_file is not None:
         raise DflashError("give either --prompt or --prompt-file, not both")
     if prompt is not None:
         text, source = prompt, "--prompt"
+    elif prompt_file is not None and str(prompt_file) == "-":
+        text, source = sys.stdin.read(), "stdin"
     elif prompt_file is not None:
         try:
             text = Path(prompt_file).expanduser().read_text(encoding="utf-8-sig")  # -sig: an editor's BOM is no prompt
@@ -38,6 +42,58 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     except UnicodeEncodeError as exc:
         raise DflashError(f"the prompt is not valid UTF-8 ({source}, character {exc.start})") from None
     return text
+
+
+def check_generate(o) -> str:
+    """generate's input checks that need no model, so that they answer before torch is imported; returns the prompt."""
+    text = read_prompt(o.prompt, o.prompt_file)
+    if o.max_tokens < 1:
+        raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
+    if o.draft_len is not None and o.draft_len < 1:
+        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
+    if o.threads is not None and o.threads < 1:
+        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
+    check_sampling(o.temperature, o.top_p, o.top_k)
+    if o.raw and o.system:
+        raise DflashError("--system needs the chat template; drop --raw")
+    check_writable(o.trace, "--trace")
+    return text
+
+
+def check_chat(o) -> None:
+    """chat's input checks that need no model (the context's, the model's limit: after the tokenizer)."""
+    if o.threads is not None and o.threads < 1:
+        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
+    if o.draft_len is not None and o.draft_len < 1:
+        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
+    if o.max_tokens is not None and o.max_tokens < 1:
+        raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
+    check_sampling(o.temperature, o.top_p, o.top_k)
+
+
+def warn(message: str) -> None:
+    """A flag that does nothing here: one line on stderr, and the command goes on."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def has_thinking(tokenizer) -> bool:
+    """Whether the chat template has a thinking mode: --think and --no-think render differently."""
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        return tokenizer.render_chat(probe, think=True) != tokenizer.render_chat(probe, think=False)
+    except DflashError:
+        return False
+
+
+def no_thinking(model: str) -> str:
+    return f"{model} has no thinking mode (its chat template ignores it)"
+
+
+def unused_draft_len(decoder, draft_len: int | None) -> str | None:
+    """The warning for --draft-len with plain decoding (it drafts nothing), or None."""
+    if draft_len is None or getattr(decoder, "proposer", None) is not None:
+        return None
+    return f"--draft-len {draft_len} is ignored: plain decoding (--draft none) drafts nothing"
 
 
 def physical_cores() -> int:

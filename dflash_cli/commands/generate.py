@@ -16,37 +16,37 @@ from ..runtime.session import Session
 from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
-from ..ui.stream import StreamView, footer_lines, json_stats
-from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_writable, finish_reason,
-                     read_prompt, set_threads, tee)
+from ..ui.stream import StreamView, footer_lines, json_stats, prompt_echo
+from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_generate, finish_reason,
+                     has_thinking, no_thinking, set_threads, tee, unused_draft_len, warn)
 
 __all__ = ["GenerateOptions", "run_generate"]
 
 
-def run_generate(o: GenerateOptions, console: Console) -> None:
+def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
+    """`status`: the loading line (ui/status.py) to take away before the answer shows."""
     clock = StartupClock()
     if o.url:
         from .remote import remote_generate
 
         return remote_generate(o, console)
-    text = read_prompt(o.prompt, o.prompt_file)
-    if o.max_tokens < 1:
-        raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
-    if o.draft_len is not None and o.draft_len < 1:
-        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
-    if o.threads is not None and o.threads < 1:
-        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
-    check_writable(o.trace, "--trace")
+    text = check_generate(o)
     bundle = open_bundle(Registry.load().resolve(o.model), o.device, o.dtype)
     clock.mark("tokenizer")
     tok = bundle.tokenizer
+    think_flag = {True: "--think", False: "--no-think"}.get(o.think)
     if o.raw:
-        if o.system:
-            raise DflashError("--system needs the chat template; drop --raw")
+        if think_flag:
+            warn(f"{think_flag} is ignored with --raw (no chat template)")
         ids = tok.encode(text)
+        continues = True
     else:
+        if think_flag and not has_thinking(tok):
+            warn(f"{think_flag}: {no_thinking(bundle.entry.name)}")
         messages = ([{"role": "system", "content": o.system}] if o.system else []) + [{"role": "user", "content": text}]
-        ids = tok.encode(tok.render_chat(messages, think=o.think))
+        rendered = tok.render_chat(messages, think=o.think)
+        ids = tok.encode(rendered)
+        continues = rendered.endswith(text)  # a template that continues the text (the demo's), not a chat turn
     if not ids:
         raise DflashError("the prompt is empty")
     limit = bundle.context_limit()
@@ -61,6 +61,8 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
     guard = RepetitionGuard(o.repeat_guard)
     try:
         decoder = make_decoder(bundle, o.draft, o.draft_len)
+        if unused := unused_draft_len(decoder, o.draft_len):
+            warn(unused)
         forced = tuning.KNOBS.force_tau
         if forced is not None and not hasattr(decoder, "proposer"):
             raise DflashError("DFLASH_FORCE_TAU forces a drafter's acceptance: it needs a drafter (not --draft none)")
@@ -78,10 +80,14 @@ def run_generate(o: GenerateOptions, console: Console) -> None:
             clock.mark("forced_pre_run")
         req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
         on_step = tee(guard.on_step, _tracer(trace))
+        if status is not None:
+            status.stop()
         if o.json:
             result = generate(session, decoder, req, on_step=on_step)
         else:
-            with StreamView(console, tok, tok.stop_ids, show_drafts=o.show_drafts) as view:
+            # On a terminal the prompt shows first, dimmed (a pipe gets only the answer: StreamView's plain mode)
+            with StreamView(console, tok, tok.stop_ids, show_drafts=o.show_drafts,
+                            echo=prompt_echo(text, continues)) as view:
                 result = generate(session, decoder, req, on_step=tee(view.on_step, on_step))
                 view.finish_reason = finish_reason(result, guard)
     finally:

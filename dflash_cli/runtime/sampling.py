@@ -9,14 +9,13 @@ its Philox offset) or, on CPU, from the sampler's own seeded generator.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import DflashError
 from ..layers import ops
 from ..layers.spans import MAX_STEP_ROWS
+from .sampling_ranges import check_sampling, invalid
 
 # Candidates per row where top-k is set: torch.topk to this many, then temperature / top-k / top-p on them (a
 # full-vocabulary sort per row costs a decode step more than the 5% it may). Covers the usual top-k (Qwen3's 20).
@@ -33,21 +32,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        bad = self.invalid(self.temperature, self.top_p, self.top_k)
-        if bad is not None:
-            name, rule = bad
-            raise DflashError(f"--{name.replace('_', '-')} {rule}")  # the flag: the command line set it
+        check_sampling(self.temperature, self.top_p, self.top_k)
 
-    @staticmethod
-    def invalid(temperature: float, top_p: float, top_k: int) -> tuple[str, str] | None:
-        """The first value out of range as (its name, what it must be), or None: callers name it their way."""
-        if not (temperature >= 0 and math.isfinite(temperature)):  # nan passed `< 0` and ran as sampling
-            return "temperature", f"must be a finite number >= 0 (got {temperature})"
-        if not 0 < top_p <= 1:
-            return "top_p", f"must be in (0, 1] (got {top_p})"
-        if top_k < 0:
-            return "top_k", f"must be >= 0 (got {top_k})"
-        return None
+    invalid = staticmethod(invalid)  # (name, rule) of the first value out of range, or None: chat names settings
 
     @property
     def greedy(self) -> bool:

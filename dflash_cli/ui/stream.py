@@ -21,6 +21,8 @@ from ..loading.tokenizer import StreamDecoder
 DRAFT_STYLE = "cyan"
 BARS = " ▁▂▃▄▅▆▇█"
 REFRESH_S = 1 / 10  # the live tail and footer are redrawn at most this often
+ECHO_LINES = 8  # a long prompt's echo: the lines next to the answer, not screens of scrollback
+ECHO_CHARS = 800  # the same for a prompt of a few very long lines (about 8 rows of 100 columns)
 LEGEND = """\
 footer: τ = tokens committed per target forward (accepted drafts + 1; plain decoding: 1.00)
         accepted drafts/step = histogram of the drafts each step accepted, 0 on the left
@@ -34,8 +36,10 @@ class StreamView:
     so `dflash generate ... > out.txt` is exactly the generated text.
     """
 
-    def __init__(self, console: Console, tokenizer, stop_ids, show_drafts: bool = False, live: bool | None = None):
+    def __init__(self, console: Console, tokenizer, stop_ids, show_drafts: bool = False, live: bool | None = None,
+                 echo: Text | None = None):
         self.console = console
+        self.echo = echo  # shown before the answer in live mode (the prompt: `prompt_echo`)
         self.live_mode = console.is_terminal if live is None else live
         self.decoder = StreamDecoder(tokenizer)
         self.stop_ids = set(stop_ids)
@@ -57,6 +61,11 @@ class StreamView:
             self._live = Live(console=self.console, auto_refresh=False, transient=True,
                               vertical_overflow="crop", get_renderable=self._render)
             self._live.__enter__()
+            if self.echo is not None:
+                self.tail.append_text(self.echo)
+                if "\n" in self.tail.plain:
+                    self._print_finished()
+                self._print_overlong()
         return self
 
     def __exit__(self, *exc):
@@ -151,6 +160,22 @@ class StreamView:
         footer = self.footer()
         footer.stylize("dim")
         return Group(self.tail, footer) if self.tail.plain else footer
+
+
+def prompt_echo(prompt: str, continues: bool) -> Text:
+    """The prompt as the terminal shows it before the answer, dimmed. A text the model continues (a completion
+    model's, --raw) shows as it is, the answer going on from its last character; a question to a chat model shows as
+    quoted "> " lines, the answer below. A long prompt shows its last lines (those the answer continues) or, quoted,
+    its first ones, with a line saying how many are left out."""
+    lines = prompt.split("\n")
+    cut = len(lines) - ECHO_LINES
+    if continues:
+        shown = "\n".join(lines[-ECHO_LINES:])
+        shown = "…" + shown[-ECHO_CHARS:] if len(shown) > ECHO_CHARS else shown
+        return Text((f"… ({cut} earlier lines of the prompt)\n" if cut > 0 else "") + shown, style="dim")
+    shown = "\n".join(f"> {line}" for line in lines[:ECHO_LINES])
+    shown = shown[:ECHO_CHARS] + "…" if len(shown) > ECHO_CHARS else shown
+    return Text(shown + (f"\n> … ({cut} more lines)" if cut > 0 else "") + "\n", style="dim")
 
 
 def footer_lines(n_tokens: int, ttft, decode_s: float, steps, width: int = 80, finish: str | None = None) -> list[str]:

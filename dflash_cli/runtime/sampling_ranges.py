@@ -1,0 +1,27 @@
+"""The ranges of the sampling parameters, without torch: the CLI checks its flags with them before the heavy imports,
+and SamplingParams every value it is given."""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import DflashError
+
+
+def invalid(temperature: float | None, top_p: float | None, top_k: int | None) -> tuple[str, str] | None:
+    """The first value out of range as (its name, what it must be), or None (None values: not set, not checked)."""
+    if temperature is not None and not (temperature >= 0 and math.isfinite(temperature)):  # nan passes `< 0`
+        return "temperature", f"must be a finite number >= 0 (got {temperature})"
+    if top_p is not None and not 0 < top_p <= 1:
+        return "top_p", f"must be in (0, 1] (got {top_p})"
+    if top_k is not None and top_k < 0:
+        return "top_k", f"must be >= 0 (got {top_k})"
+    return None
+
+
+def check_sampling(temperature: float | None, top_p: float | None, top_k: int | None) -> None:
+    """A DflashError naming the flag of the first value out of range (None: not set, nothing to check)."""
+    bad = invalid(temperature, top_p, top_k)
+    if bad is not None:
+        name, rule = bad
+        raise DflashError(f"--{name.replace('_', '-')} {rule}")
