@@ -129,7 +129,9 @@ class BenchOptions:
         if self.drafts is None:
             from .errors import DflashError
 
-            items = [t.strip() for t in self.draft.split(",") if t.strip()]
+            from .registry import draft_kind
+
+            items = [draft_kind(t) or t.strip() for t in self.draft.split(",") if t.strip()]  # NONE is none
             if not items:
                 raise DflashError("--draft needs at least one mode (none, dflash, dflash2, eagle3, or a drafter path/repo)")
             # Plain decoding is the baseline every speedup is measured against: always run it first.

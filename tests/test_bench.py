@@ -345,3 +345,10 @@ def test_demo_bench_uses_its_own_python_prompts(cli, tmp_path):
     rep = json.loads(out.read_text())
     assert [p["category"] for p in rep["prompts"]] == [p["category"] for p in load_prompts(demo.bench_prompts)]
     assert "chat" not in {p["category"] for p in rep["prompts"]}
+
+
+def test_draft_kinds_in_any_case_run_once():
+    """`--draft NONE,EAGLE3,eagle3` is plain decoding once, then EAGLE-3 once (NONE ran plain decoding twice)."""
+    from dflash_cli.options import BenchOptions
+
+    assert BenchOptions(draft="NONE,EAGLE3,eagle3,dflash").drafts == ["none", "eagle3", "dflash"]
