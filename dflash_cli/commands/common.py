@@ -47,13 +47,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 def check_generate(o) -> str:
     """generate's input checks that need no model, so that they answer before torch is imported; returns the prompt."""
     text = read_prompt(o.prompt, o.prompt_file)
-    if o.max_tokens < 1:
-        raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
-    if o.draft_len is not None and o.draft_len < 1:
-        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
-    if o.threads is not None and o.threads < 1:
-        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
-    check_sampling(o.temperature, o.top_p, o.top_k)
+    check_chat(o)
     if o.raw and o.system:
         raise DflashError("--system needs the chat template; drop --raw")
     check_writable(o.trace, "--trace")
@@ -61,13 +55,11 @@ def check_generate(o) -> str:
 
 
 def check_chat(o) -> None:
-    """chat's input checks that need no model (the context's, the model's limit: after the tokenizer)."""
-    if o.threads is not None and o.threads < 1:
-        raise DflashError(f"--threads must be >= 1 (got {o.threads})")
-    if o.draft_len is not None and o.draft_len < 1:
-        raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
-    if o.max_tokens is not None and o.max_tokens < 1:
-        raise DflashError(f"--max-tokens must be >= 1 (got {o.max_tokens})")
+    """The counts and sampling flags generate and chat share, checked before any model (chat: the context's and the
+    model's limits come after the tokenizer)."""
+    for flag, value in (("--max-tokens", o.max_tokens), ("--draft-len", o.draft_len), ("--threads", o.threads)):
+        if value is not None and value < 1:
+            raise DflashError(f"{flag} must be >= 1 (got {value})")
     check_sampling(o.temperature, o.top_p, o.top_k)
 
 
