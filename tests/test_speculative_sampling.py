@@ -548,3 +548,15 @@ def test_the_exponential_race_samples_the_filtered_row(top_k):
     assert_fits(torch.bincount(draws, minlength=300), probabilities(logits, params), f"top_k {top_k}")
     s = begin(params, "cpu")
     assert torch.equal(torch.stack([sample(logits, params, s) for _ in range(50)]), draws[:50])
+
+
+def test_the_race_gives_no_mass_to_negligible_tokens_of_a_large_vocabulary():
+    """The CPU noise is never 0: noise 0 (U = 0, once in 2^24 floats) made its token win whatever its weight, so
+    over a 152k vocabulary (the all mode keeps every token) about 1% of draws were a uniform token."""
+    g = torch.Generator().manual_seed(5)
+    weights = torch.full((64, 151936), 1e-30)
+    weights[:, 7] = 1.0
+    assert all((sampling.race(weights, g) == 7).all() for _ in range(20))
+    lone = torch.zeros(64, 151936)
+    lone[:, 7] = 1.0  # a row's only candidate wins whatever its noise
+    assert all((sampling.race(lone, g) == 7).all() for _ in range(20))

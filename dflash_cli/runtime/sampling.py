@@ -222,11 +222,13 @@ def race(weights: torch.Tensor, gen) -> torch.Tensor:
 
 def race_noise(shape, device, gen) -> torch.Tensor:
     """The race's noise: Exp(1) float32 of `shape` from `gen` (a kernel that races many rows draws theirs at once).
-    On CPU by inversion, -log(1 - U): torch's CPU exponential_ draws 4x slower (1.4 ms for a 16-row block of a
-    4096-token vocabulary); on CUDA exponential_ is one kernel."""
+    On CPU by inversion, -log(U): torch's CPU exponential_ draws 4x slower (1.4 ms for a 16-row block of a
+    4096-token vocabulary); on CUDA exponential_ is one kernel. Not -log(1 - U): U is 0 once in 2^24 draws, and
+    noise 0 makes its token win whatever its weight (a uniform token 1% of the time over a 152k vocabulary). U = 0
+    counts as 2^-25 (its bucket's middle): noise inf would tie a row's only candidate with its zero weights."""
     if torch.device(device).type == "cuda":
         return torch.empty(shape, dtype=torch.float32, device=device).exponential_(generator=gen)
-    return torch.rand(shape, dtype=torch.float32, device=device, generator=gen).neg_().log1p_().neg_()
+    return torch.rand(shape, dtype=torch.float32, device=device, generator=gen).clamp_min_(2.0**-25).log_().neg_()
 
 
 def draw(rows: Filtered, gen) -> torch.Tensor:
