@@ -375,3 +375,25 @@ def test_commands_to_copy_are_never_wrapped(cli, fake_run, tmp_path):
     paused = [line for line in res.out.splitlines() if line.startswith("paused: ")]
     assert paused == [f"paused: target at 3/6 (Ctrl-C); resume: dflash train '{out}' --preset tiny --seed 2 "
                       f"--time-limit 60 --data '{data}'"]
+
+
+def test_ctrl_c_in_a_stages_last_step_stops_before_the_evaluation(trained):
+    """A Ctrl-C in EAGLE-3's last step: that stage ends (nothing left to pause at), and the run pauses before the
+    evaluation rather than running it (it ran whole, and the run ended as if never interrupted)."""
+    import os
+    import shutil
+    import signal
+
+    tmp, data, _ = trained
+    run = tmp / "last"
+    shutil.copytree(tmp / "a", run)
+    shutil.rmtree(run / "eagle3")
+    (run / "work" / "eagle3.ckpt.pt").unlink()  # its finished checkpoint: the stage would not run again
+
+    def ctrl_c_at_the_last_step(stage, step, total, metrics):
+        if stage == "eagle3" and step == total:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    info = run_tiny(run, data, report=ctrl_c_at_the_last_step, stages=("eagle3", "evaluate"))
+    assert info["paused"] == {"stage": "evaluate", "done": 0, "total": 1, "by": "Ctrl-C"}
+    assert (run / "eagle3" / "model.safetensors").is_file()

@@ -88,6 +88,11 @@ class _Run:
             self.write_info()
         self.note(f"{stage}: {took:.0f} s on {where} (this run; {s['seconds']:.0f} s in all)")
 
+    def unless_interrupted(self, stage: str) -> None:
+        """A Ctrl-C in the last step of a training stage stops the run before a stage with no steps to pause at."""
+        if self.stop.interrupted:
+            raise Paused(stage, 0, 1)
+
     def train(self) -> dict:
         p, out, work, device, seed, note, stages = (self.p, self.out, self.work, self.device, self.seed, self.note,
                                                     self.stages)
@@ -170,6 +175,7 @@ class _Run:
             missing = [f.name for f in candidates.values() if not _done(f)]
             if missing:
                 raise DflashError(f"no trained drafter in {', '.join(missing)}: run the dflash stage first")
+            self.unless_interrupted("block")
             self.choose_block(tok, data, eos, candidates, ddir)
 
         if not _done(edir) and "eagle3" in stages:
@@ -193,6 +199,7 @@ class _Run:
                 del drafter, params
 
         if "evaluate" in stages:
+            self.unless_interrupted("evaluate")
             with self.timed("evaluate", WHERE), cpu_threads(THREADS):
                 cpu_target = _load_target(tdir, CPU)
                 test = prompts.category_prompts(data.held_out, tok, p.eval_prompts, 64, prompts.TEST)
