@@ -16,7 +16,7 @@ CHECK = textwrap.dedent("""
     from dflash_cli.kernels import dflash2 as kernel
     from dflash_cli.layers import ops
     from dflash_cli.models.dflash2 import CandidateSelector, convolve
-    from dflash_cli.runtime.sampling import race
+    from dflash_cli.runtime.sampling import race, race_noise
     g = torch.Generator().manual_seed(0)
     def randn(*shape, dtype=torch.float32):
         return torch.randn(*shape, generator=g).to(dtype)
@@ -65,7 +65,7 @@ CHECK = textwrap.dedent("""
             state = g.get_state()
             tokens, q = CandidateSelector.walk(candidates, scores, temperature, lambda w: race(w, g))
             g.set_state(state)
-            noise = torch.cat([torch.empty(1, K).exponential_(generator=g) for _ in range(k)])
+            noise = torch.cat([race_noise((1, K), "cpu", g) for _ in range(k)])
             got_tokens, got_q = kernel.selector_walk(candidates, scores, temperature, noise)
             assert torch.allclose(got_q, q, rtol=1e-5, atol=1e-7) and torch.equal(got_tokens, tokens), (k, K)
 

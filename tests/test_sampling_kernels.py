@@ -21,7 +21,6 @@ CHECK = textwrap.dedent("""
     kernel.MERGE_KEYS = 128  # two lists of 64 a merge: 200 tokens are 4 chunks, merged 4 -> 2 -> the row's
     K = sampling.K_MAX
     g = torch.Generator().manual_seed(0)
-    tiny = torch.finfo(torch.float32).tiny
 
     def by_value(rows, logits):
         # Each row's probability per distinct logit value: tied logits (bf16 has many) may swap places.
@@ -54,7 +53,7 @@ CHECK = textwrap.dedent("""
                                          to_target=to_target)
                 torch.manual_seed(7)
                 u = torch.rand(5, K)
-                best = (probs[:5] / (-torch.log(1 - u)).clamp_min(tiny)).argmax(-1)
+                best = (probs[:5] / -torch.log(u.clamp_min(2.0 ** -25))).argmax(-1)
                 assert torch.equal(tokens, ids[:5].gather(1, best[:, None])[:, 0]), (vocab, params)
                 assert torch.equal(ids[:5], to_target[got.ids]) and torch.equal(probs[:5], got.probs)
 
@@ -75,13 +74,14 @@ CHECK = textwrap.dedent("""
         assert torch.equal(ids, want_ids), (vocab, k, dtype)
 
     # The verdict against sampling.accept itself, fed the kernel's noise (uniform [R + K]: R = the rows' power of two,
-    # the first k the acceptance's, then the race's as Exp(1) = -log(1 - u)). The q rows sit in a buffer of MAX_ROWS
+    # the first k the acceptance's, then the race's as Exp(1) = -log(u)). The q rows sit in a buffer of MAX_ROWS
     # whose rows from k on hold another proposal's (row k one near p's: at n == k q counts as zero, that row must not
     # be read), and p is close to q, so that every count of accepted drafts comes up, all k of them included.
     def want_accept(drafts, q, p, noise, rows):
         rand, race_noise = torch.rand, sampling.race_noise
         torch.rand = lambda n, **kw: noise[:n].clone()
-        sampling.race_noise = lambda shape, device, gen: -torch.log(1 - noise[rows:rows + shape[-1]]).view(shape)
+        race = -torch.log(noise[rows:].clamp_min(2.0 ** -25))
+        sampling.race_noise = lambda shape, device, gen: race[:shape[-1]].view(shape)
         try:
             n, tok = sampling.accept(drafts, q, p, vocab, None)
         finally:

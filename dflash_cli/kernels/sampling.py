@@ -29,6 +29,9 @@ MERGE_KEYS = 512  # keys per program of a merge: MERGE_KEYS // K chunks' lists (
 K_LIMIT = 256  # the largest K the kernels take (a merge holds at least two lists)
 IDX_BITS = 20  # a key's low bits: the token's index (vocabularies up to 2^20)
 LOWEST = -(1 << 62)  # below every key: padding past the vocabulary
+# The race's noise is -log(u), u = 0 counted as its bucket's middle (runtime/sampling.race_noise's rule): never 0,
+# whose candidate would win whatever its weight.
+U_FLOOR = tl.constexpr(2.0 ** -25)
 
 
 @triton.jit
@@ -179,9 +182,9 @@ def _row_filter_kernel(keys_ptr, N, temp_ptr, top_p_ptr, top_k_ptr, ids_ptr, pro
     p = p / tl.sum(p, 0)
     tl.store(ids_ptr + row * out_stride + rank, idx)
     tl.store(probs_ptr + row * out_stride + rank, p)
-    if DRAW:  # the exponential race on uniform noise: argmax(p / -log(1 - u)), a zero p never wins
+    if DRAW:  # the exponential race on uniform noise: argmax(p / -log(u)), a zero p never wins
         u = tl.load(noise_ptr + row * K + rank)
-        race = p / tl.maximum(-tl.log(1.0 - u), 1.1754943508222875e-38)
+        race = p / -tl.log(tl.maximum(u, U_FLOOR))
         best = tl.argmax(race, 0, tie_break_left=True)
         tl.store(tok_ptr + row, tl.sum(tl.where(rank == best, idx, 0), 0))
 
@@ -264,7 +267,7 @@ def _accept_kernel(ids_ptr, k, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr, p_pr
     residual = tl.maximum(p_row - tl.where(n < k, q_on_p, 0.0), 0.0)
     weights = tl.where(tl.sum(residual, 0) > 0, residual, p_row)
     e = tl.load(noise_ptr + R + c)
-    best = tl.argmax(weights / tl.maximum(-tl.log(1.0 - e), 1.1754943508222875e-38), 0, tie_break_left=True)
+    best = tl.argmax(weights / -tl.log(tl.maximum(e, U_FLOOR)), 0, tie_break_left=True)
     tl.store(out_ptr, n.to(tl.int64))
     tl.store(out_ptr + 1, tl.sum(tl.where(c == best, p_row_ids, 0), 0).to(tl.int64))
     tl.store(out_ptr + 2 + r, drafts, mask=drafting)
