@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from ..options import ChatOptions, data_dir
 from ..conversation import Conversation
 from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, Result, generate
+from ..runtime.sampling_ranges import invalid
 from ..runtime.session import Session
 from ..errors import DflashError
 from ..runtime.bundle import open_bundle
@@ -23,7 +25,7 @@ from ..ui.stream import LEGEND, StreamView
 from .common import (RepetitionGuard, capture_graphs, check_draft_len, finish_reason, has_thinking, no_thinking,
                      set_threads, tee, unused_draft_len, warn)
 
-__all__ = ["ChatOptions", "ChatRepl", "run_chat"]
+__all__ = ["ChatOptions", "ChatRepl"]
 
 HELP = "commands: /help, /set, /load FILE, /save FILE, /clear, /system TEXT, /think on|off, /stats, /exit"
 # /help: two columns, the second wrapped to the terminal's width.
@@ -210,11 +212,10 @@ class ChatRepl:
                 params = self.params
                 new = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
                 new[name] = int(value) if name == "top_k" else float(value)
-                bad = type(params).invalid(**new)
+                bad = invalid(**new)
                 if bad is not None:
                     raise DflashError(" ".join(bad))  # the setting's name, not the command line's flag
-                self.params = type(params)(temperature=new["temperature"], top_p=new["top_p"], top_k=new["top_k"],
-                                           seed=params.seed)
+                self.params = dataclasses.replace(params, **new)
             elif name == "max_tokens":
                 n = int(value)
                 if not 1 <= n < self.session.max_len:
@@ -433,11 +434,3 @@ def _prompt_session(history: Path | None):
 
     return PromptSession(history=hist, multiline=True, key_bindings=kb, prompt_continuation="... ",
                          enable_history_search=False)
-
-
-def run_chat(o: ChatOptions, console: Console) -> None:
-    if o.url:
-        from .remote import remote_chat
-
-        return remote_chat(o, console)
-    ChatRepl(o, console).run()

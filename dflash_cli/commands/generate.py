@@ -24,12 +24,9 @@ __all__ = ["GenerateOptions", "run_generate"]
 
 
 def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
-    """`status`: the loading line (ui/status.py) to take away before the answer shows."""
+    """The local engine's generate (commands/start.py sends --url elsewhere first). `status`: the loading line
+    (ui/status.py) to take away before the answer shows."""
     clock = StartupClock()
-    if o.url:
-        from .remote import remote_generate
-
-        return remote_generate(o, console)
     text = check_generate(o)
     bundle = open_bundle(Registry.load().resolve(o.model), o.device, o.dtype)
     clock.mark("tokenizer")

@@ -15,7 +15,7 @@ import torch
 
 from ..layers import ops
 from ..layers.spans import MAX_STEP_ROWS
-from .sampling_ranges import check_sampling, invalid
+from .sampling_ranges import check_sampling
 
 # Candidates per row where top-k is set: torch.topk to this many, then temperature / top-k / top-p on them (a
 # full-vocabulary sort per row costs a decode step more than the 5% it may). Covers the usual top-k (Qwen3's 20).
@@ -33,8 +33,6 @@ class SamplingParams:
 
     def __post_init__(self):
         check_sampling(self.temperature, self.top_p, self.top_k)
-
-    invalid = staticmethod(invalid)  # (name, rule) of the first value out of range, or None: chat names settings
 
     @property
     def greedy(self) -> bool:
