@@ -1,0 +1,60 @@
+"""Where along a draft the demo's drafters lose: greedy generations from the held-out test prompts (the `evaluate`
+stage's, training/prompts.py) on the CPU, and per drafter τ, the histogram of accepted drafts a step and the
+conditional acceptance P(draft j+1 accepted | the first j were). Usage (one core is enough; about 30 s):
+    python benchmarks/demo_acceptance.py [name=folder ...] [--data ROOT]
+Names containing "eagle3" load as EAGLE-3 drafters, the others as DFlash; by default the shipped two. ROOT: the
+Python source the held-out prompts come from (this interpreter's standard library by default)."""
+
+import argparse
+import collections
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from dflash_cli.runtime.drafters import load  # noqa: E402
+from dflash_cli.runtime.generation import Request, generate  # noqa: E402
+from dflash_cli.runtime.sampling import SamplingParams  # noqa: E402
+from dflash_cli.runtime.session import Session  # noqa: E402
+from dflash_cli.runtime.speculative import SpeculativeDecoder  # noqa: E402
+from dflash_cli.training import corpus, presets, prompts  # noqa: E402
+from dflash_cli.training.evaluate import EVAL_PROMPT, THREADS  # noqa: E402
+from dflash_cli.training.pipeline import _load_target  # noqa: E402
+
+DEMO = Path(__file__).resolve().parents[1] / "dflash_cli" / "demo"
+
+ap = argparse.ArgumentParser()
+ap.add_argument("drafters", nargs="*", help="name=folder")
+ap.add_argument("--data", default=sysconfig.get_paths()["stdlib"])
+args = ap.parse_args()
+drafters = dict(a.split("=", 1) for a in args.drafters) or {"dflash": DEMO / "dflash", "eagle3": DEMO / "eagle3"}
+
+from tokenizers import Tokenizer  # noqa: E402
+
+torch.set_num_threads(THREADS)
+p = presets.DEMO
+tok = Tokenizer.from_file(str(DEMO / "target" / "tokenizer.json"))
+eos = tok.token_to_id(corpus.SEPARATOR)
+data = corpus.collect([Path(args.data)], p.max_corpus_bytes)
+test = prompts.category_prompts(data.held_out, tok, p.eval_prompts, EVAL_PROMPT, prompts.TEST)
+target = _load_target(DEMO / "target", torch.device("cpu"))
+print(f"{len(test)} held-out test prompts from {args.data}, {p.eval_tokens} greedy tokens each")
+for name, folder in drafters.items():
+    kind = "eagle3" if "eagle3" in name else "dflash"
+    decoder = SpeculativeDecoder(load(kind, Path(folder), target), p.draft_len if kind == "eagle3" else None)
+    session = Session(target, EVAL_PROMPT + p.eval_tokens + 32)
+    hist, committed = collections.Counter(), 0
+    for i, (_, ids) in enumerate(test):
+        session.reset()
+        r = generate(session, decoder, Request(ids, SamplingParams(temperature=0.0, seed=i), p.eval_tokens, (eos,)))
+        hist.update(s.accepted for s in r.steps)
+        committed += sum(len(s.emitted) for s in r.steps)  # τ as `evaluate` counts it: cut at the budget and stops
+    steps = sum(hist.values())
+    tau = committed / steps
+    reach = [sum(v for k, v in hist.items() if k >= j) for j in range(max(hist) + 2)]
+    cond = " ".join(f"{reach[j + 1] / reach[j]:.2f}" for j in range(max(hist)) if reach[j])
+    print(f"{name}: τ {tau:.2f} over {steps} steps; P(draft j+1 | j) for j = 0..: {cond}")
+    print(f"  accepted drafts a step: {' '.join(f'{k}:{v}' for k, v in sorted(hist.items()))}")
