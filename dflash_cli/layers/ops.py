@@ -85,6 +85,8 @@ def reference_only():
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if (k := fast_kernels(x)) and x.dtype == weight.dtype:
         return k.rms_norm(x, weight, eps)
+    if x.dtype == weight.dtype == torch.float32:  # the same values in one op (a CPU step runs ~33 norms)
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
     return weight * unit_rms_norm(x, eps)
 
 
@@ -140,6 +142,8 @@ def _normed(x: torch.Tensor, eps: float | None) -> torch.Tensor:
 def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """rms_norm with a weight of ones (the weight folded into the next product): the same values and roundings.
     Normalised in float32 like the reference implementations, then rounded to x's dtype (rms_norm scales that)."""
+    if x.dtype == torch.float32:  # the same values in one op
+        return F.rms_norm(x, x.shape[-1:], eps=eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -436,9 +440,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     rot = x[..., :r]
     half = r // 2
     rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
-    cos = cos[:, None, :].to(x.dtype)
-    sin = sin[:, None, :].to(x.dtype)
-    out = rot * cos + rotated * sin
+    out = torch.addcmul(rot * cos[:, None, :].to(x.dtype), rotated, sin[:, None, :].to(x.dtype))
     return out if r == x.shape[-1] else torch.cat([out, x[..., r:]], dim=-1)
 
 
@@ -459,14 +461,18 @@ def attention(
     t, h, d = q.shape
     s, kvh, _ = k.shape
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [heads, T or S, D]
-    group = h // kvh
-    kh = kh.repeat_interleave(group, dim=0)
-    vh = vh.repeat_interleave(group, dim=0)
+    # Grouped heads: SDPA's own grouping on the CPU, which copies nothing; CUDA's masked kernels take equal head
+    # counts only, so the keys and values are repeated there.
+    gqa = not q.is_cuda
+    if not gqa:
+        kh = kh.repeat_interleave(h // kvh, dim=0)
+        vh = vh.repeat_interleave(h // kvh, dim=0)
     if causal and q_offset == 0 and t == s and window is None:
         # A whole prompt from position 0: the plain causal form (no mask tensor, equal head counts)
         # lets SDPA use its flash kernel instead of materialising [heads, T, T] scores.
         # 4-D [batch, heads, T, D]: with 3-D inputs SDPA falls back to its math kernel.
-        out = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], is_causal=True, scale=scale)[0]
+        out = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], is_causal=True, scale=scale,
+                                             enable_gqa=gqa)[0]
         return out.transpose(0, 1).reshape(t, h * d)
     mask = None
     if causal or window is not None:
@@ -475,7 +481,7 @@ def attention(
         mask = kpos <= qpos if causal else kpos < qpos + (window or 0)
         if window is not None:
             mask = mask & (kpos > qpos - window)
-    out = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], attn_mask=mask, scale=scale)[0]
+    out = F.scaled_dot_product_attention(qh[None], kh[None], vh[None], attn_mask=mask, scale=scale, enable_gqa=gqa)[0]
     return out.transpose(0, 1).reshape(t, h * d)
 
 
