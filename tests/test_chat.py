@@ -109,6 +109,18 @@ def test_full_context_drops_the_oldest_turns_and_keeps_answering(chat, prompts):
     assert re.search(r"context \d+/64 tokens", out)
 
 
+def test_a_message_too_long_for_the_context_keeps_the_conversation(chat, tmp_path, prompts):
+    """Before: the turns were dropped one by one while looking for room, and then the message was refused anyway:
+    the whole conversation was gone."""
+    saved = tmp_path / "c.json"
+    out = clean(chat(f"Hello\n{'word ' * 200}\n/stats\n/save {saved}\nAgain\n", "--context", "64",
+                     "--max-tokens", "8"))
+    assert "shorten it" in out and "dropped the oldest" not in out
+    assert re.search(r"context \d+/64 tokens · 1 turn\n", out), out
+    assert [m["content"] for m in json.loads(saved.read_text())["messages"]][::2] == ["Hello"]
+    assert len(prompts) == 2 and len(prompts[1]) < len(prompts[0]) + 16  # the next turn extends the cache
+
+
 def test_default_answer_budget_fits_the_context(cli, tiny_model, monkeypatch):
     from dflash_cli.commands.chat import default_max_tokens
 
