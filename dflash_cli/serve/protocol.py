@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..runtime.sampling_ranges import SEED_MAX, SEED_MIN
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
@@ -100,7 +102,7 @@ def parse_common(body: dict, max_tokens_key: str = "max_tokens") -> GenParams:
         temperature=_number(body, "temperature", float, 0, 2),
         top_p=_number(body, "top_p", float, 0, 1, low_open=True),
         top_k=_number(body, "top_k", int, -1),
-        seed=_number(body, "seed", int),
+        seed=_number(body, "seed", int, SEED_MIN, SEED_MAX),
         stop=stop,
         stream=stream,
         include_usage=bool(options.get("include_usage")),
