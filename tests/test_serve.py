@@ -190,6 +190,9 @@ def test_bad_requests_get_openai_errors(server, client):
     assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1, "logprobs": None,
                                             "presence_penalty": 0}).status_code == 200
     error(post(server, "/v1/chat/completions", {"messages": []}), 400, "invalid_value")
+    for path, body in (("/v1/completions", '{"prompt": "a\\ud800"}'),  # lone surrogates: were a 500
+                       ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udfff"}]}')):
+        assert "lone surrogate" in error(post(server, path, raw=body), 400, "invalid_value")["message"]
     error(post(server, "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}), 400)
     error(httpx.get(f"{server.url}/v1/nothing-here", headers={"Authorization": f"Bearer {KEY}"}), 404)
     with pytest.raises(openai.AuthenticationError):

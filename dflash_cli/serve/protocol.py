@@ -117,7 +117,7 @@ def completion_prompt(body: dict) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return prompt
+        return _text(prompt, "'prompt'", "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt
     raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt)", param="prompt",
@@ -148,8 +148,18 @@ def chat_messages(body: dict) -> list[dict]:
             content = ""
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}]: content must be a string", param="messages", code="invalid_value")
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": _text(content, f"messages[{i}]: content", "messages")})
     return out
+
+
+def _text(text: str, what: str, param: str) -> str:
+    """JSON's \\uD800 escapes decode to lone surrogates, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"{what} is not valid Unicode (a lone surrogate at character {exc.start})", param=param,
+                       code="invalid_value") from None
+    return text
 
 
 def chat_think(body: dict) -> bool | None:
