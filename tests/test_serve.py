@@ -113,6 +113,25 @@ def test_stop_sequences_cut_the_text(client, stream):
         assert text == cut and finish == "stop"
 
 
+def test_a_stop_sequence_ends_the_token_ids_and_usage_where_it_was_written(server):
+    """Before: token_ids and completion_tokens ran on to the end of the speculative step that wrote the stop sequence
+    (here 4 tokens more: the drafter knows a licence header by heart)."""
+    from dflash_cli.registry import Registry
+    from dflash_cli.runtime.bundle import open_bundle
+
+    tok = open_bundle(Registry.load().resolve("demo"), "cpu", None).tokenizer
+    body = {"prompt": "# Licensed under the Apache License", "max_tokens": 40, "temperature": 0,
+            "return_token_ids": True}
+    full = post(server, "/v1/completions", body).json()["choices"][0]["token_ids"]
+    res = post(server, "/v1/completions", {**body, "stop": "Version"}).json()
+    ids = res["choices"][0]["token_ids"]
+    assert ids == full[: len(ids)] and res["usage"]["completion_tokens"] == len(ids)
+    assert "Version" in tok.decode(ids) and "Version" not in tok.decode(ids[:-1])
+    last = json.loads(post(server, "/v1/completions", {**body, "stop": "Version", "stream": True}).text
+                      .split("data: ")[-2])
+    assert last["usage"]["completion_tokens"] == len(ids)
+
+
 def test_sampling_with_a_seed_repeats(client):
     kw = dict(model="demo", prompt=PROMPT, max_tokens=12, temperature=0.9, top_p=0.9, seed=7,
               extra_body={"top_k": 50})

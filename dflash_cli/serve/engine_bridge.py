@@ -129,7 +129,8 @@ class Engine:
             finish = "stop"
         else:
             finish = "length"
-        return Outcome(text=text.text, tokens=result.tokens, completion_tokens=len(result.tokens),
+        tokens = _through_stop(result.tokens, stop_ids, text.used) if text.hit else result.tokens
+        return Outcome(text=text.text, tokens=tokens, completion_tokens=len(tokens),
                        prompt_tokens=len(job.prompt_ids), cached_tokens=cached, finish_reason=finish,
                        steps=result.steps, stats=self._stats(result, fed, cached))
 
@@ -173,3 +174,13 @@ class Engine:
     def _forget(self) -> None:
         self.session.reset()  # the next prefill starts the drafter afresh too
         self.history = []
+
+
+def _through_stop(tokens: list[int], stop_ids: set[int], visible: int) -> list[int]:
+    """The generated ids up to the one that completed a stop sequence (`visible` ids of text, stop ids not counted)."""
+    seen = 0
+    for i, t in enumerate(tokens):
+        seen += t not in stop_ids
+        if seen == visible:
+            return tokens[: i + 1]
+    return tokens
