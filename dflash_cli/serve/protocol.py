@@ -105,10 +105,19 @@ def parse_common(body: dict, max_tokens_key: str = "max_tokens") -> GenParams:
         seed=_number(body, "seed", int, SEED_MIN, SEED_MAX),
         stop=stop,
         stream=stream,
-        include_usage=bool(options.get("include_usage")),
-        ignore_eos=bool(body.get("ignore_eos", False)),
-        return_token_ids=bool(body.get("return_token_ids", False)),
+        include_usage=_flag(options, "include_usage", "stream_options"),
+        ignore_eos=_flag(body, "ignore_eos"),
+        return_token_ids=_flag(body, "return_token_ids"),
     )
+
+
+def _flag(body: dict, name: str, param: str | None = None) -> bool:
+    """A true/false switch (absent or null: false); a string such as "false" is refused, not taken as true."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false; got {value!r}", param=param or name,
+                       code="invalid_value")
+    return bool(value)
 
 
 def completion_prompt(body: dict) -> str | list[int]:
