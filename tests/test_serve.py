@@ -199,7 +199,7 @@ def test_bad_requests_get_openai_errors(server, client):
     error(post(server, "/v1/completions", {"prompt": [5] * 1024}), 400, "context_length_exceeded")
     error(post(server, "/v1/completions", {"prompt": "x"}, key="wrong"), 401, "invalid_api_key")
     error(post(server, "/v1/completions", {"prompt": "x"}, key=None), 401, "invalid_api_key")
-    for bad in ({"temperature": -1}, {"top_p": 0}, {"max_tokens": 0}, {"n": 2}, {"stop": 5}, {"top_k": "x"},
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"max_tokens": 0}, {"n": 2}, {"best_of": 3}, {"stop": 5}, {"top_k": "x"},
                 {"prompt": 3}, {"prompt": ["a", "b"]}, {"stream": "yes"}, {"seed": 10**23},  # seed: was a 500
                 {"ignore_eos": "false"}, {"return_token_ids": 1}, {"stream_options": {"include_usage": "no"}}):
         err = error(post(server, "/v1/completions", {"prompt": "x", **bad}), 400, "invalid_value")
@@ -208,7 +208,7 @@ def test_bad_requests_get_openai_errors(server, client):
     error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                 "presence_penalty": 0.5}), 400, "unsupported_parameter")
     assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1, "logprobs": None,
-                                            "presence_penalty": 0}).status_code == 200
+                                            "presence_penalty": 0, "best_of": 1}).status_code == 200
     error(post(server, "/v1/chat/completions", {"messages": []}), 400, "invalid_value")
     for path, body in (("/v1/completions", '{"prompt": "a\\ud800"}'),  # lone surrogates: were a 500
                        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udfff"}]}')):

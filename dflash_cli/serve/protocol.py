@@ -75,9 +75,9 @@ def parse_common(body: dict, max_tokens_key: str = "max_tokens") -> GenParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model", code="invalid_value")
-    n = _number(body, "n", int, 1)
-    if n not in (None, 1):
-        raise ApiError(400, "only n=1 is supported (batch size 1)", param="n", code="invalid_value")
+    for name in ("n", "best_of"):  # best_of: /v1/completions' best of several samples
+        if _number(body, name, int, 1) not in (None, 1):
+            raise ApiError(400, f"only {name}=1 is supported (batch size 1)", param=name, code="invalid_value")
     max_tokens = _number(body, max_tokens_key, int, 1)
     if max_tokens is None and max_tokens_key == "max_completion_tokens":
         max_tokens = _number(body, "max_tokens", int, 1)
