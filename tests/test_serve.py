@@ -48,6 +48,10 @@ def local(cli, *args):
 
 def test_models_lists_the_served_name(client):
     assert [m.id for m in client.models.list().data] == ["demo"]
+    assert client.models.retrieve("demo").id == "demo"  # was a 404: the route did not exist
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o")
+    assert info.value.code == "model_not_found"
 
 
 def test_greedy_completion_equals_generate_token_for_token(server, client, cli):

@@ -68,10 +68,17 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
     async def health():
         return {"status": "ok"}
 
+    card = {"id": served_name, "object": "model", "created": created, "owned_by": "dflash",
+            "max_model_len": engine.context}
+
     @v1.get("/models")
     async def list_models():
-        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": created,
-                                             "owned_by": "dflash", "max_model_len": engine.context}]}
+        return {"object": "list", "data": [card]}
+
+    @v1.get("/models/{model:path}")  # the client's models.retrieve; :path, as Hub ids hold a slash
+    async def get_model(model: str):
+        check_model(GenParams(model=model, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None))
+        return card
 
     @app.get("/metrics")
     async def get_metrics():
