@@ -121,6 +121,13 @@ def test_a_message_too_long_for_the_context_keeps_the_conversation(chat, tmp_pat
     assert len(prompts) == 2 and len(prompts[1]) < len(prompts[0]) + 16  # the next turn extends the cache
 
 
+def test_piped_messages_are_not_broken_at_80_columns(chat, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    out = clean(chat("/set\n/set nope 1\n"))
+    assert re.search(r"^temperature 0 · top_p [\d.]+ · top_k \d+ · max_tokens 4 · draft none · draft_len —$", out, re.M)
+    assert "\nunknown setting nope: temperature, top_p, top_k, max_tokens, draft, draft_len\n" in "\n" + out, out
+
+
 def test_default_answer_budget_fits_the_context(cli, tiny_model, monkeypatch):
     from dflash_cli.commands.chat import default_max_tokens
 

@@ -90,7 +90,8 @@ class ChatRepl:
         self._prompt = None
 
     def say(self, msg: str, style: str = "dim") -> None:
-        self.console.print(msg, style=style, markup=False, highlight=False)
+        # In a pipe, one line a message (Rich would break it at 80 columns, in the middle of /stats' figures).
+        self.console.print(msg, style=style, markup=False, highlight=False, soft_wrap=not self.interactive)
 
     # Input
 
