@@ -60,7 +60,8 @@ class Conversation:
 
     def add_exchange(self, user_text: str, answer: str) -> None:
         self.messages.append({"role": "user", "content": user_text})
-        self.messages.append({"role": "assistant", "content": _THINK.sub("", answer).strip()})
+        # As written, less a thinking block: a code answer's leading newline and indent are part of it.
+        self.messages.append({"role": "assistant", "content": _THINK.sub("", answer)})
 
     def save(self, path: Path, model: str) -> None:
         data = {"model": model, "system": self.system, "messages": self.all_messages()}

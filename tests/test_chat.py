@@ -128,6 +128,15 @@ def test_piped_messages_are_not_broken_at_80_columns(chat, monkeypatch):
     assert "\nunknown setting nope: temperature, top_p, top_k, max_tokens, draft, draft_len\n" in "\n" + out, out
 
 
+def test_history_keeps_the_answer_as_written():
+    """Before: the answer was stripped, and a code answer's first indent and newline were lost from /save and from
+    the history re-read after /load or a full context."""
+    conv = Conversation(tokenizer=None)
+    conv.add_exchange("def add(a, b):", "\n    return a + b\n")
+    conv.add_exchange("q", "<think>\nhmm\n</think>\n\nfive")
+    assert [m["content"] for m in conv.messages[1::2]] == ["\n    return a + b\n", "five"]
+
+
 def test_default_answer_budget_fits_the_context(cli, tiny_model, monkeypatch):
     from dflash_cli.commands.chat import default_max_tokens
 
