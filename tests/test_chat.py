@@ -124,7 +124,8 @@ def test_a_message_too_long_for_the_context_keeps_the_conversation(chat, tmp_pat
 def test_piped_messages_are_not_broken_at_80_columns(chat, monkeypatch):
     monkeypatch.setenv("COLUMNS", "40")
     out = clean(chat("/set\n/set nope 1\n"))
-    assert re.search(r"^temperature 0 · top_p [\d.]+ · top_k \d+ · max_tokens 4 · draft none · draft_len —$", out, re.M)
+    settings = r"^temperature 0 · top_p [\d.]+ · top_k \d+ · max_tokens 4 · draft none · draft_len —$"
+    assert re.search(settings, out, re.M)
     assert "\nunknown setting nope: temperature, top_p, top_k, max_tokens, draft, draft_len\n" in "\n" + out, out
 
 

@@ -15,7 +15,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serve_server import Server  # noqa: E402
+from serve_server import Server, free_port  # noqa: E402
 
 KEY = "sk-test"
 PROMPT = "def fibonacci(n):"
@@ -203,7 +203,8 @@ def test_bad_requests_get_openai_errors(server, client):
     error(post(server, "/v1/completions", {"prompt": [5] * 1024}), 400, "context_length_exceeded")
     error(post(server, "/v1/completions", {"prompt": "x"}, key="wrong"), 401, "invalid_api_key")
     error(post(server, "/v1/completions", {"prompt": "x"}, key=None), 401, "invalid_api_key")
-    for bad in ({"temperature": -1}, {"top_p": 0}, {"max_tokens": 0}, {"n": 2}, {"best_of": 3}, {"stop": 5}, {"top_k": "x"},
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"max_tokens": 0}, {"n": 2}, {"best_of": 3}, {"stop": 5},
+                {"top_k": "x"},
                 {"prompt": 3}, {"prompt": ["a", "b"]}, {"stream": "yes"}, {"seed": 10**23},  # seed: was a 500
                 {"ignore_eos": "false"}, {"return_token_ids": 1}, {"stream_options": {"include_usage": "no"}}):
         err = error(post(server, "/v1/completions", {"prompt": "x", **bad}), 400, "invalid_value")
@@ -315,7 +316,8 @@ def test_serve_flags_fail_with_one_line(cli, monkeypatch):
     from dflash_cli.commands import serve as serve_cmd
 
     for args, needle in ((["--port", "0"], "--port"), (["--max-queue", "-1"], "--max-queue"),
-                         (["--engine", "tgi"], "--engine"), (["--print"], "--print")):
+                         (["--engine", "tgi"], "--engine"), (["--print"], "--print"),
+                         (["--draft-len", "99", "--port", free_port()], "at most 15")):  # was served with 15
         res = cli("serve", "demo", *args)
         assert res.code == 1 and res.err.startswith("error: ") and needle in res.err, res.err
         assert len(res.err.strip().splitlines()) == 1
