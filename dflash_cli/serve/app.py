@@ -193,9 +193,11 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
                     return
                 if out is None or out.finish_reason is None:
                     return
-                yield chunk(None, out.finish_reason, usage=usage(out), dflash=out.stats)
-                if p.include_usage:
+                if p.include_usage:  # OpenAI's usage chunk, the only one with usage (clients add up every usage)
+                    yield chunk(None, out.finish_reason, dflash=out.stats)
                     yield sse({**head, "choices": [], "usage": usage(out)})
+                else:  # not asked for: our extension, on the last chunk
+                    yield chunk(None, out.finish_reason, usage=usage(out), dflash=out.stats)
                 yield "data: [DONE]\n\n"
             finally:
                 job.cancelled.set()  # the client left (or we are done): stop generating for it
