@@ -23,9 +23,10 @@ class Conversation:
     think: bool | None = None
     messages: list[dict] = field(default_factory=list)  # user/assistant turns, thinking removed
 
-    def all_messages(self, extra: list[dict] = ()) -> list[dict]:
+    def all_messages(self, extra: list[dict] = (), turns: list[dict] | None = None) -> list[dict]:
+        """The system prompt, then `turns` (default: every message), then `extra`."""
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.messages + list(extra)
+        return head + (self.messages if turns is None else turns) + list(extra)
 
     def prompt_ids(self, user_text: str, pending: list[int], fresh: bool) -> tuple[list[int], bool]:
         """Token ids to feed (after `pending`) for a new user turn.
@@ -59,7 +60,8 @@ class Conversation:
 
     def add_exchange(self, user_text: str, answer: str) -> None:
         self.messages.append({"role": "user", "content": user_text})
-        self.messages.append({"role": "assistant", "content": _THINK.sub("", answer).strip()})
+        # As written, less a thinking block: a code answer's leading newline and indent are part of it.
+        self.messages.append({"role": "assistant", "content": _THINK.sub("", answer)})
 
     def save(self, path: Path, model: str) -> None:
         data = {"model": model, "system": self.system, "messages": self.all_messages()}

@@ -109,6 +109,35 @@ def test_full_context_drops_the_oldest_turns_and_keeps_answering(chat, prompts):
     assert re.search(r"context \d+/64 tokens", out)
 
 
+def test_a_message_too_long_for_the_context_keeps_the_conversation(chat, tmp_path, prompts):
+    """Before: the turns were dropped one by one while looking for room, and then the message was refused anyway:
+    the whole conversation was gone."""
+    saved = tmp_path / "c.json"
+    out = clean(chat(f"Hello\n{'word ' * 200}\n/stats\n/save {saved}\nAgain\n", "--context", "64",
+                     "--max-tokens", "8"))
+    assert "shorten it" in out and "dropped the oldest" not in out
+    assert re.search(r"context \d+/64 tokens · 1 turn\n", out), out
+    assert [m["content"] for m in json.loads(saved.read_text())["messages"]][::2] == ["Hello"]
+    assert len(prompts) == 2 and len(prompts[1]) < len(prompts[0]) + 16  # the next turn extends the cache
+
+
+def test_piped_messages_are_not_broken_at_80_columns(chat, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    out = clean(chat("/set\n/set nope 1\n"))
+    settings = r"^temperature 0 · top_p [\d.]+ · top_k \d+ · max_tokens 4 · draft none · draft_len —$"
+    assert re.search(settings, out, re.M)
+    assert "\nunknown setting nope: temperature, top_p, top_k, max_tokens, draft, draft_len\n" in "\n" + out, out
+
+
+def test_history_keeps_the_answer_as_written():
+    """Before: the answer was stripped, and a code answer's first indent and newline were lost from /save and from
+    the history re-read after /load or a full context."""
+    conv = Conversation(tokenizer=None)
+    conv.add_exchange("def add(a, b):", "\n    return a + b\n")
+    conv.add_exchange("q", "<think>\nhmm\n</think>\n\nfive")
+    assert [m["content"] for m in conv.messages[1::2]] == ["\n    return a + b\n", "five"]
+
+
 def test_default_answer_budget_fits_the_context(cli, tiny_model, monkeypatch):
     from dflash_cli.commands.chat import default_max_tokens
 

@@ -214,6 +214,7 @@ def test_prompt_longer_than_context_fails_before_loading(cli, tmp_path, no_weigh
     (["-p", "hi", "--top-p", "1.5"], "--top-p", 1),
     (["-p", "hi", "--top-p", "0"], "--top-p", 1),
     (["-p", "hi", "--top-k", "-1"], "--top-k", 1),
+    (["-p", "hi", "--temperature", "1", "--seed", str(2**64)], "--seed", 1),  # was torch's OverflowError
     (["-p", "hi", "--max-tokens", "0"], "--max-tokens", 1),
     (["-p", "hi", "--max-tokens", "lots"], "--max-tokens", 2),
     (["--prompt-file", "missing.txt"], "missing.txt", 1),

@@ -53,6 +53,25 @@ def test_chat_url_keeps_the_conversation(cli, server, tmp_path):
     assert server.metrics()["dflash:prefix_cached_tokens_total"] > cached  # the second turn reused the first's tokens
 
 
+def test_chat_url_keeps_an_answer_stopped_with_ctrl_c(cli, monkeypatch, tmp_path):
+    """Before: Ctrl-C dropped the turn and the answer written so far from the conversation (the local chat keeps
+    them)."""
+    from dflash_cli.remote.client import Remote
+
+    def complete(self, path, body, on_text=None):
+        on_text("partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Remote, "_first_model", lambda self: "m")
+    monkeypatch.setattr(Remote, "counters", lambda self: None)
+    monkeypatch.setattr(Remote, "complete", complete)
+    saved = tmp_path / "c.json"
+    res = ok(cli("chat", "--url", "http://127.0.0.1:9", stdin=f"hello\n/save {saved}\n"))
+    assert "[stopped]" in res.out
+    assert json.loads(saved.read_text())["messages"] == [{"role": "user", "content": "hello"},
+                                                         {"role": "assistant", "content": "partial"}]
+
+
 def test_url_errors_are_one_line(cli, server):
     cases = [
         (["generate", "--url", server.url, "--api-key", "wrong", "-p", "x"], "answered 401"),

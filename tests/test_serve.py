@@ -15,7 +15,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serve_server import Server  # noqa: E402
+from serve_server import Server, free_port  # noqa: E402
 
 KEY = "sk-test"
 PROMPT = "def fibonacci(n):"
@@ -48,6 +48,10 @@ def local(cli, *args):
 
 def test_models_lists_the_served_name(client):
     assert [m.id for m in client.models.list().data] == ["demo"]
+    assert client.models.retrieve("demo").id == "demo"  # was a 404: the route did not exist
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o")
+    assert info.value.code == "model_not_found"
 
 
 def test_greedy_completion_equals_generate_token_for_token(server, client, cli):
@@ -80,6 +84,7 @@ def test_greedy_chat_equals_generate_and_streams_the_same_text(server, client, c
     last = [c for c in chunks if c.choices][-1]
     assert last.choices[0].finish_reason in ("stop", "length") and last.model_extra["dflash"]["steps"] >= 1
     assert chunks[-1].usage.completion_tokens == res.usage.completion_tokens
+    assert sum(c.usage is not None for c in chunks) == 1  # was 2: a client adding them up counted double
 
 
 def test_streamed_completion_assembles_to_the_whole_text(client):
@@ -111,6 +116,25 @@ def test_stop_sequences_cut_the_text(client, stream):
         else:
             text, finish = res.choices[0].text, res.choices[0].finish_reason
         assert text == cut and finish == "stop"
+
+
+def test_a_stop_sequence_ends_the_token_ids_and_usage_where_it_was_written(server):
+    """Before: token_ids and completion_tokens ran on to the end of the speculative step that wrote the stop sequence
+    (here 4 tokens more: the drafter knows a licence header by heart)."""
+    from dflash_cli.registry import Registry
+    from dflash_cli.runtime.bundle import open_bundle
+
+    tok = open_bundle(Registry.load().resolve("demo"), "cpu", None).tokenizer
+    body = {"prompt": "# Licensed under the Apache License", "max_tokens": 40, "temperature": 0,
+            "return_token_ids": True}
+    full = post(server, "/v1/completions", body).json()["choices"][0]["token_ids"]
+    res = post(server, "/v1/completions", {**body, "stop": "Version"}).json()
+    ids = res["choices"][0]["token_ids"]
+    assert ids == full[: len(ids)] and res["usage"]["completion_tokens"] == len(ids)
+    assert "Version" in tok.decode(ids) and "Version" not in tok.decode(ids[:-1])
+    last = json.loads(post(server, "/v1/completions", {**body, "stop": "Version", "stream": True}).text
+                      .split("data: ")[-2])
+    assert last["usage"]["completion_tokens"] == len(ids)
 
 
 def test_sampling_with_a_seed_repeats(client):
@@ -180,16 +204,21 @@ def test_bad_requests_get_openai_errors(server, client):
     error(post(server, "/v1/completions", {"prompt": [5] * 1024}), 400, "context_length_exceeded")
     error(post(server, "/v1/completions", {"prompt": "x"}, key="wrong"), 401, "invalid_api_key")
     error(post(server, "/v1/completions", {"prompt": "x"}, key=None), 401, "invalid_api_key")
-    for bad in ({"temperature": -1}, {"top_p": 0}, {"max_tokens": 0}, {"n": 2}, {"stop": 5}, {"top_k": "x"},
-                {"prompt": 3}, {"prompt": ["a", "b"]}, {"stream": "yes"}):
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"max_tokens": 0}, {"n": 2}, {"best_of": 3}, {"stop": 5},
+                {"top_k": "x"},
+                {"prompt": 3}, {"prompt": ["a", "b"]}, {"stream": "yes"}, {"seed": 10**23},  # seed: was a 500
+                {"ignore_eos": "false"}, {"return_token_ids": 1}, {"stream_options": {"include_usage": "no"}}):
         err = error(post(server, "/v1/completions", {"prompt": "x", **bad}), 400, "invalid_value")
         assert err["param"] == next(iter(bad))
     error(post(server, "/v1/completions", {"prompt": "x", "logprobs": 2}), 400, "unsupported_parameter")
     error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                 "presence_penalty": 0.5}), 400, "unsupported_parameter")
     assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1, "logprobs": None,
-                                            "presence_penalty": 0}).status_code == 200
+                                            "presence_penalty": 0, "best_of": 1}).status_code == 200
     error(post(server, "/v1/chat/completions", {"messages": []}), 400, "invalid_value")
+    for path, body in (("/v1/completions", '{"prompt": "a\\ud800"}'),  # lone surrogates: were a 500
+                       ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udfff"}]}')):
+        assert "lone surrogate" in error(post(server, path, raw=body), 400, "invalid_value")["message"]
     error(post(server, "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}), 400)
     error(httpx.get(f"{server.url}/v1/nothing-here", headers={"Authorization": f"Bearer {KEY}"}), 404)
     with pytest.raises(openai.AuthenticationError):
@@ -288,7 +317,8 @@ def test_serve_flags_fail_with_one_line(cli, monkeypatch):
     from dflash_cli.commands import serve as serve_cmd
 
     for args, needle in ((["--port", "0"], "--port"), (["--max-queue", "-1"], "--max-queue"),
-                         (["--engine", "tgi"], "--engine"), (["--print"], "--print")):
+                         (["--engine", "tgi"], "--engine"), (["--print"], "--print"),
+                         (["--draft-len", "99", "--port", free_port()], "at most 15")):  # was served with 15
         res = cli("serve", "demo", *args)
         assert res.code == 1 and res.err.startswith("error: ") and needle in res.err, res.err
         assert len(res.err.strip().splitlines()) == 1

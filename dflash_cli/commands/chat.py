@@ -90,7 +90,8 @@ class ChatRepl:
         self._prompt = None
 
     def say(self, msg: str, style: str = "dim") -> None:
-        self.console.print(msg, style=style, markup=False, highlight=False)
+        # In a pipe, one line a message (Rich would break it at 80 columns, in the middle of /stats' figures).
+        self.console.print(msg, style=style, markup=False, highlight=False, soft_wrap=not self.interactive)
 
     # Input
 
@@ -273,17 +274,18 @@ class ChatRepl:
         if used + len(ids) + reserve < s.max_len:
             return ids, reset
         dropped = 0
-        while True:
-            full = tok.encode(tok.render_chat(self.conv.all_messages([{"role": "user", "content": text}]),
+        while True:  # counted on the turns kept; the conversation loses them only once the message fits
+            kept = self.conv.messages[2 * dropped:]
+            full = tok.encode(tok.render_chat(self.conv.all_messages([{"role": "user", "content": text}], kept),
                                               think=self.conv.think))
-            if len(full) + reserve < s.max_len or not self.conv.messages:
+            if len(full) + reserve < s.max_len or not kept:
                 break
-            del self.conv.messages[:2]
             dropped += 1
         if len(full) + 1 >= s.max_len:
             self.say(f"this message is {len(full)} tokens with the system prompt; the context holds {s.max_len}: "
                      f"shorten it, or start with a larger --context", "yellow")
             return None
+        del self.conv.messages[: 2 * dropped]
         if dropped:
             self.say(f"context full: dropped the oldest {_count(dropped, 'turn')} (the system prompt stays)")
         s.reset()

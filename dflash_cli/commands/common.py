@@ -60,7 +60,7 @@ def check_chat(o) -> None:
     for flag, value in (("--max-tokens", o.max_tokens), ("--draft-len", o.draft_len), ("--threads", o.threads)):
         if value is not None and value < 1:
             raise DflashError(f"{flag} must be >= 1 (got {value})")
-    check_sampling(o.temperature, o.top_p, o.top_k)
+    check_sampling(o.temperature, o.top_p, o.top_k, o.seed)
 
 
 def warn(message: str) -> None:

@@ -109,11 +109,14 @@ def remote_chat(o, console) -> None:
             body = {**_sampling(o), "messages": ([{"role": "system", "content": system}] if system else [])
                     + messages + turn}
             before = remote.counters()
+            pieces = []
             try:
-                reply = remote.complete("/v1/chat/completions", body,
-                                        on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+                reply = remote.complete("/v1/chat/completions", body, on_text=lambda piece: (
+                    pieces.append(piece), sys.stdout.write(piece), sys.stdout.flush()))
             except KeyboardInterrupt:
                 sys.stdout.write("\n")
+                if pieces:  # as in the local chat: what was written stays in the conversation
+                    messages += turn + [{"role": "assistant", "content": "".join(pieces)}]
                 say("[stopped]")
                 continue
             except DflashError as exc:

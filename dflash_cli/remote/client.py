@@ -58,6 +58,8 @@ class Remote:
         elapsed_s}. Ctrl-C closes the connection, which stops the generation on the server."""
         chat = path.endswith("/chat/completions")
         body = {"model": self.model, **body, "stream": on_text is not None}
+        if on_text is not None:
+            body["stream_options"] = {"include_usage": True}  # vLLM and SGLang send a stream's usage only when asked
         t0 = time.perf_counter()
         out = {"text": "", "finish_reason": None, "usage": None, "dflash": None, "ttft_s": None}
         with self._open(path, body) as resp:

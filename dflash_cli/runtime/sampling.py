@@ -32,7 +32,7 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        check_sampling(self.temperature, self.top_p, self.top_k)
+        check_sampling(self.temperature, self.top_p, self.top_k, self.seed)
 
     @property
     def greedy(self) -> bool:

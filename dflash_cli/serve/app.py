@@ -68,18 +68,25 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
     async def health():
         return {"status": "ok"}
 
+    card = {"id": served_name, "object": "model", "created": created, "owned_by": "dflash",
+            "max_model_len": engine.context}
+
     @v1.get("/models")
     async def list_models():
-        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": created,
-                                             "owned_by": "dflash", "max_model_len": engine.context}]}
+        return {"object": "list", "data": [card]}
+
+    @v1.get("/models/{model:path}")  # the client's models.retrieve; :path, as Hub ids hold a slash
+    async def get_model(model: str):
+        check_model(model)
+        return card
 
     @app.get("/metrics")
     async def get_metrics():
         return PlainTextResponse(metrics.render(engine.draft_len), media_type="text/plain; version=0.0.4")
 
-    def check_model(p: GenParams) -> None:
-        if p.model is not None and p.model not in names:
-            raise ApiError(404, f"the model '{p.model}' does not exist; this server serves '{served_name}'",
+    def check_model(model: str | None) -> None:
+        if model is not None and model not in names:
+            raise ApiError(404, f"the model '{model}' does not exist; this server serves '{served_name}'",
                            param="model", code="model_not_found")
 
     def make_job(ids: list[int], p: GenParams, default_max: int | None) -> Job:
@@ -103,7 +110,7 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
     async def completions(request: Request):
         body = parse_json(await request.body())
         p = parse_common(body)
-        check_model(p)
+        check_model(p.model)
         prompt = completion_prompt(body)
         ids = engine.encode(prompt) if isinstance(prompt, str) else prompt
         job = make_job(ids, p, COMPLETION_DEFAULT_MAX_TOKENS)
@@ -113,7 +120,7 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
     async def chat_completions(request: Request):
         body = parse_json(await request.body())
         p = parse_common(body, "max_completion_tokens")
-        check_model(p)
+        check_model(p.model)
         try:
             ids = engine.encode_chat(chat_messages(body), chat_think(body))
         except DflashError as exc:
@@ -186,9 +193,11 @@ def create_app(engine: Engine, served_name: str, api_key: str | None = None, max
                     return
                 if out is None or out.finish_reason is None:
                     return
-                yield chunk(None, out.finish_reason, usage=usage(out), dflash=out.stats)
-                if p.include_usage:
+                if p.include_usage:  # OpenAI's usage chunk, the only one with usage (clients add up every usage)
+                    yield chunk(None, out.finish_reason, dflash=out.stats)
                     yield sse({**head, "choices": [], "usage": usage(out)})
+                else:  # not asked for: our extension, on the last chunk
+                    yield chunk(None, out.finish_reason, usage=usage(out), dflash=out.stats)
                 yield "data: [DONE]\n\n"
             finally:
                 job.cancelled.set()  # the client left (or we are done): stop generating for it

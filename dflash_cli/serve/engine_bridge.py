@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..commands.common import check_draft_len, unused_draft_len, warn
 from ..runtime.decoders import make_decoder
 from ..runtime.generation import Request, generate
 from ..runtime.sampling import SamplingParams
@@ -67,6 +68,9 @@ class Engine:
             raise DflashError(f"--context must be between 16 and {limit} (got {context})")
         self.tokenizer = self.bundle.tokenizer
         self.decoder = make_decoder(self.bundle, draft, draft_len)
+        check_draft_len(self.decoder, draft_len)  # as generate and chat: more than the drafter proposes is an error
+        if unused := unused_draft_len(self.decoder, draft_len):
+            warn(unused)
         self.session = Session(self.bundle.load_model(), context)
         prepare(self.session, self.decoder, self.bundle.sampling(None, None, None, None), switchable=True,
                 notice=lambda text: print(text, file=sys.stderr, flush=True))
@@ -129,7 +133,8 @@ class Engine:
             finish = "stop"
         else:
             finish = "length"
-        return Outcome(text=text.text, tokens=result.tokens, completion_tokens=len(result.tokens),
+        tokens = _through_stop(result.tokens, stop_ids, text.used) if text.hit else result.tokens
+        return Outcome(text=text.text, tokens=tokens, completion_tokens=len(tokens),
                        prompt_tokens=len(job.prompt_ids), cached_tokens=cached, finish_reason=finish,
                        steps=result.steps, stats=self._stats(result, fed, cached))
 
@@ -173,3 +178,13 @@ class Engine:
     def _forget(self) -> None:
         self.session.reset()  # the next prefill starts the drafter afresh too
         self.history = []
+
+
+def _through_stop(tokens: list[int], stop_ids: set[int], visible: int) -> list[int]:
+    """The generated ids up to the one that completed a stop sequence (`visible` ids of text, stop ids not counted)."""
+    seen = 0
+    for i, t in enumerate(tokens):
+        seen += t not in stop_ids
+        if seen == visible:
+            return tokens[: i + 1]
+    return tokens

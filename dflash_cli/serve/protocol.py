@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..runtime.sampling_ranges import SEED_MAX, SEED_MIN
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
@@ -73,9 +75,9 @@ def parse_common(body: dict, max_tokens_key: str = "max_tokens") -> GenParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "'model' must be a string", param="model", code="invalid_value")
-    n = _number(body, "n", int, 1)
-    if n not in (None, 1):
-        raise ApiError(400, "only n=1 is supported (batch size 1)", param="n", code="invalid_value")
+    for name in ("n", "best_of"):  # best_of: /v1/completions' best of several samples
+        if _number(body, name, int, 1) not in (None, 1):
+            raise ApiError(400, f"only {name}=1 is supported (batch size 1)", param=name, code="invalid_value")
     max_tokens = _number(body, max_tokens_key, int, 1)
     if max_tokens is None and max_tokens_key == "max_completion_tokens":
         max_tokens = _number(body, "max_tokens", int, 1)
@@ -100,13 +102,22 @@ def parse_common(body: dict, max_tokens_key: str = "max_tokens") -> GenParams:
         temperature=_number(body, "temperature", float, 0, 2),
         top_p=_number(body, "top_p", float, 0, 1, low_open=True),
         top_k=_number(body, "top_k", int, -1),
-        seed=_number(body, "seed", int),
+        seed=_number(body, "seed", int, SEED_MIN, SEED_MAX),
         stop=stop,
         stream=stream,
-        include_usage=bool(options.get("include_usage")),
-        ignore_eos=bool(body.get("ignore_eos", False)),
-        return_token_ids=bool(body.get("return_token_ids", False)),
+        include_usage=_flag(options, "include_usage", "stream_options"),
+        ignore_eos=_flag(body, "ignore_eos"),
+        return_token_ids=_flag(body, "return_token_ids"),
     )
+
+
+def _flag(body: dict, name: str, param: str | None = None) -> bool:
+    """A true/false switch (absent or null: false); a string such as "false" is refused, not taken as true."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false; got {value!r}", param=param or name,
+                       code="invalid_value")
+    return bool(value)
 
 
 def completion_prompt(body: dict) -> str | list[int]:
@@ -115,7 +126,7 @@ def completion_prompt(body: dict) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return prompt
+        return _text(prompt, "'prompt'", "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return prompt
     raise ApiError(400, "'prompt' must be a string or a list of token ids (one prompt)", param="prompt",
@@ -146,8 +157,18 @@ def chat_messages(body: dict) -> list[dict]:
             content = ""
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}]: content must be a string", param="messages", code="invalid_value")
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": _text(content, f"messages[{i}]: content", "messages")})
     return out
+
+
+def _text(text: str, what: str, param: str) -> str:
+    """JSON's \\uD800 escapes decode to lone surrogates, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"{what} is not valid Unicode (a lone surrogate at character {exc.start})", param=param,
+                       code="invalid_value") from None
+    return text
 
 
 def chat_think(body: dict) -> bool | None:

@@ -17,6 +17,7 @@ class StopText:
         self.text = ""
         self.sent = 0
         self.hit = False
+        self.used = 0  # after a hit: how many of the ids it took to write the stop sequence
 
     def push(self, ids: list[int]) -> str:
         """Add tokens; returns the new text that is certain (no half character, no possible stop prefix)."""
@@ -28,6 +29,11 @@ class StopText:
         if cut is not None:
             self.hit = True
             self.text = text[:cut]
+            # A speculative step commits several tokens at once: those after the stop sequence are no answer.
+            n = len(self.ids) - len(ids) + 1
+            while n < len(self.ids) and self._first_stop(self.decode(self.ids[:n])) is None:
+                n += 1
+            self.used = n
             return self._take(len(self.text))
         self.text = text
         safe = len(text.rstrip("\ufffd")) - self.hold  # a broken UTF-8 tail may still complete
