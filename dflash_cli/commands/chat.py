@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..options import ChatOptions, data_dir
 from ..conversation import Conversation
-from ..runtime.decoders import make_decoder
+from ..runtime.decoders import check_draft_len, make_decoder, unused_draft_len
 from ..runtime.generation import Request, Result, generate
 from ..runtime.sampling_ranges import invalid
 from ..runtime.session import Session
@@ -22,8 +22,8 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import LEGEND, StreamView
-from .common import (RepetitionGuard, capture_graphs, check_draft_len, finish_reason, has_thinking, no_thinking,
-                     set_threads, tee, unused_draft_len, warn)
+from .common import (RepetitionGuard, capture_graphs, finish_reason, has_thinking, no_thinking,
+                     set_threads, tee, warn)
 
 __all__ = ["ChatOptions", "ChatRepl"]
 

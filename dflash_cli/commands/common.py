@@ -81,13 +81,6 @@ def no_thinking(model: str) -> str:
     return f"{model} has no thinking mode (its chat template ignores it)"
 
 
-def unused_draft_len(decoder, draft_len: int | None) -> str | None:
-    """The warning for --draft-len with plain decoding (it drafts nothing), or None."""
-    if draft_len is None or getattr(decoder, "proposer", None) is not None:
-        return None
-    return f"--draft-len {draft_len} is ignored: plain decoding (--draft none) drafts nothing"
-
-
 def physical_cores() -> int:
     """Physical cores among the CPUs this process may run on (hyper-threads counted once)."""
     try:
@@ -123,17 +116,6 @@ def set_threads(threads: int | None, bundle_or_folder, device) -> int | None:
         threads = 1 if small else physical_cores()
     torch.set_num_threads(threads)
     return threads
-
-
-def check_draft_len(decoder, draft_len: int | None, name: str = "--draft-len") -> None:
-    """--draft-len above what the drafter can propose is an error naming the maximum (not a silent clamp). name: how
-    the caller's user set it (chat's /set: draft_len)."""
-    proposer = getattr(decoder, "proposer", None)
-    if draft_len is None or proposer is None:
-        return
-    most = getattr(getattr(proposer, "inner", proposer), "max_draft", None)
-    if most is not None and draft_len > most:
-        raise DflashError(f"{name} {draft_len} is more than this {decoder.kind} drafter proposes: at most {most}")
 
 
 def check_writable(path: Path | None, flag: str) -> None:

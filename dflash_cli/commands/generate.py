@@ -10,15 +10,15 @@ from rich.console import Console
 
 from .. import tuning
 from ..options import GenerateOptions
-from ..runtime.decoders import make_decoder
+from ..runtime.decoders import check_draft_len, make_decoder, unused_draft_len
 from ..runtime.generation import Request, generate
 from ..runtime.session import Session
 from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView, footer_lines, json_stats, prompt_echo
-from .common import (RepetitionGuard, StartupClock, capture_graphs, check_draft_len, check_generate, finish_reason,
-                     has_thinking, no_thinking, set_threads, tee, unused_draft_len, warn)
+from .common import (RepetitionGuard, StartupClock, capture_graphs, check_generate, finish_reason,
+                     has_thinking, no_thinking, set_threads, tee, warn)
 
 __all__ = ["GenerateOptions", "run_generate"]
 

@@ -34,10 +34,14 @@ def run_serve(o: ServeOptions, console=None) -> None:
     import uvicorn
 
     from ..serve.app import create_app
+    from ..runtime.decoders import unused_draft_len
     from ..serve.engine_bridge import Engine
+    from .common import warn
 
     served = o.model or Registry.load().default
     engine = Engine(served, o.draft, o.draft_len, o.device, o.dtype, o.context)
+    if unused := unused_draft_len(engine.decoder, o.draft_len):
+        warn(unused)
     app = create_app(engine, served, api_key=o.api_key, max_queue=o.max_queue)
     print(f"dflash serve · {served} on {engine.bundle.device} · draft {engine.draft_kind} · context "
           f"{engine.context} · http://{o.host}:{o.port}/v1", file=sys.stderr, flush=True)

@@ -47,6 +47,24 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
     return SpeculativeDecoder(proposer, draft_len)
 
 
+def check_draft_len(decoder, draft_len: int | None, name: str = "--draft-len") -> None:
+    """--draft-len above what the drafter can propose is an error naming the maximum (not a silent clamp). name: how
+    the caller's user set it (chat's /set: draft_len)."""
+    proposer = getattr(decoder, "proposer", None)
+    if draft_len is None or proposer is None:
+        return
+    most = getattr(getattr(proposer, "inner", proposer), "max_draft", None)
+    if most is not None and draft_len > most:
+        raise DflashError(f"{name} {draft_len} is more than this {decoder.kind} drafter proposes: at most {most}")
+
+
+def unused_draft_len(decoder, draft_len: int | None) -> str | None:
+    """The warning for --draft-len with plain decoding (it drafts nothing), or None."""
+    if draft_len is None or getattr(decoder, "proposer", None) is not None:
+        return None
+    return f"--draft-len {draft_len} is ignored: plain decoding (--draft none) drafts nothing"
+
+
 def check_mtp(bundle) -> None:
     """--draft mtp before the target loads: a Qwen3.5 checkpoint that ships its MTP weights."""
     from ..models.mtp import require_mtp

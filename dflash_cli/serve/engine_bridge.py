@@ -13,8 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..commands.common import check_draft_len, unused_draft_len, warn
-from ..runtime.decoders import make_decoder
+from ..runtime.decoders import check_draft_len, make_decoder
 from ..runtime.generation import Request, generate
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import Session
@@ -69,8 +68,6 @@ class Engine:
         self.tokenizer = self.bundle.tokenizer
         self.decoder = make_decoder(self.bundle, draft, draft_len)
         check_draft_len(self.decoder, draft_len)  # as generate and chat: more than the drafter proposes is an error
-        if unused := unused_draft_len(self.decoder, draft_len):
-            warn(unused)
         self.session = Session(self.bundle.load_model(), context)
         prepare(self.session, self.decoder, self.bundle.sampling(None, None, None, None), switchable=True,
                 notice=lambda text: print(text, file=sys.stderr, flush=True))
