@@ -260,3 +260,16 @@ def test_dflash2_kernels_take_one_block_of_one_dtype():
     candidates, scores = torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4, 4)
     assert k.walk_fits(candidates, scores) and k.walk_fits(candidates, scores, torch.ones(1))
     assert not k.walk_fits(candidates, scores, torch.ones(1, dtype=torch.float64))
+
+
+def test_every_kernel_module_gets_the_steps_carveout():
+    """A step's kernels share one L1 / shared split (kernels/carveout.py); a module of Triton kernels left out of
+    STEP_MODULES runs at the driver's split (the sampler's kernels were, until 2026-12-05). pdl and block_trace hold
+    only device functions that other kernels inline."""
+    from pathlib import Path
+
+    from dflash_cli.kernels import carveout
+
+    folder = Path(carveout.__file__).parent
+    with_kernels = {p.stem for p in folder.glob("*.py") if "@triton.jit" in p.read_text()} - {"pdl", "block_trace"}
+    assert with_kernels == set(carveout.STEP_MODULES)

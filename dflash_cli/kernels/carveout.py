@@ -20,7 +20,8 @@ CARVEOUT = 43
 _PREFERRED = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 _done: set[int] = set()
 # The modules whose Triton kernels a step launches.
-STEP_MODULES = ("attention", "delta_rule", "dflash2", "elementwise", "greedy", "prefill_attention", "skinny_gemm")
+STEP_MODULES = ("attention", "delta_rule", "dflash2", "elementwise", "greedy", "prefill_attention", "sampling",
+                "skinny_gemm")
 
 
 def compiled(modules) -> list:
