@@ -365,8 +365,7 @@ def test_commands_to_copy_are_never_wrapped(cli, fake_run, tmp_path):
     res = cli("train", out, "--preset", "tiny", "--data", data)
     assert res.code == 0, res.err
     tried = [line for line in res.out.splitlines() if line.startswith("try: ")]
-    assert tried == [f"try: dflash generate --model '{out}/target' --draft '{out}/dflash' "
-                     f"--prompt \"def fibonacci(n):\""]
+    assert tried == [f"try: dflash generate --model '{out}' --prompt \"def fibonacci(n):\""]
     assert len(tried[0]) > 80
 
     fake_run["info"] = {"paused": {"stage": "target", "done": 3, "total": 6, "by": "Ctrl-C"}}
@@ -397,3 +396,24 @@ def test_ctrl_c_in_a_stages_last_step_stops_before_the_evaluation(trained):
     info = run_tiny(run, data, report=ctrl_c_at_the_last_step, stages=("eagle3", "evaluate"))
     assert info["paused"] == {"stage": "evaluate", "done": 0, "total": 1, "by": "Ctrl-C"}
     assert (run / "eagle3" / "model.safetensors").is_file()
+
+
+def test_the_trained_folder_is_a_model_whose_drafters_are_found(trained, cli, tmp_path):
+    """Before: `dflash generate --model OUT` said 'model config not found: OUT/config.json', and `--model OUT/target`
+    found no drafter (`--draft dflash` was an error naming the registry)."""
+    from dflash_cli.registry import Registry
+
+    tmp, _, _ = trained
+    out = tmp / "a"
+    entry = Registry.load().resolve(str(out))
+    assert entry.target.ref == str(out / "target") and set(entry.drafters) == {"dflash", "eagle3"}
+    assert entry.draft_len == presets.TINY.draft_len and entry.bench_prompts.is_file()  # the chain it was evaluated at
+    for flags, kind in (([], "dflash"), (["--draft", "eagle3"], "eagle3")):
+        res = cli("generate", "--model", out, *flags, "-p", "def f(x):", "-n", "8", "--json")
+        assert res.code == 0, res.err
+        stats = json.loads(res.out)["stats"]
+        assert stats["draft_kind"] == kind
+    assert len(stats["accept_rate_by_position"]) == presets.TINY.draft_len  # EAGLE-3's chain, not its default 7
+    (tmp_path / "started" / "target").mkdir(parents=True)  # a run paused in its target stage
+    res = cli("generate", "--model", tmp_path / "started", "-p", "x")
+    assert res.code == 1 and "without a trained target yet" in res.err and res.err.count("\n") == 1

@@ -65,9 +65,8 @@ def run_train(o: TrainOptions, console: Console) -> dict:
                       f"resume: {_command(o)}")
         if pz.get("by") == "Ctrl-C":
             raise typer.Exit(INTERRUPTED)  # a run Ctrl-C paused exits as any interrupted command, saved or not
-    if (o.out / "dflash" / "model.safetensors").is_file():
-        _say(console, f"try: dflash generate --model {shlex.quote(str(o.out / 'target'))} "
-                      f"--draft {shlex.quote(str(o.out / 'dflash'))} --prompt \"def fibonacci(n):\"")
+    if (o.out / "dflash" / "model.safetensors").is_file():  # the folder is a model whose drafters are found
+        _say(console, f"try: dflash generate --model {shlex.quote(str(o.out))} --prompt \"def fibonacci(n):\"")
     return info
 
 

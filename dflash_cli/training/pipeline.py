@@ -3,8 +3,8 @@
 Every stage leaves its result in the output folder and is skipped when that result exists; a stage
 cut short (an error, or a second Ctrl-C) resumes from its last checkpoint under `work/`; `time_limit` reached or a
 Ctrl-C during a training loop or the distillation stops at the next step or part, saved there.
-The three model folders are in the published layouts and load with `--model DIR/target --draft
-DIR/dflash` (or DIR/eagle3). training_info.json records, per stage, the seconds it took (summed over
+The three model folders are in the published layouts; `--model DIR` loads the target with its drafters
+(registry.trained_run), `--model DIR/target --draft DIR/dflash` (or DIR/eagle3) each on its own. training_info.json records, per stage, the seconds it took (summed over
 the runs that worked on it) and where it ran."""
 
 from __future__ import annotations
