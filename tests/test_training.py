@@ -348,6 +348,7 @@ def test_demo_preset_on_a_cpu_says_up_front_how_long_and_what_else(cli, fake_run
     days."""
     data = tmp_path / "src"
     data.mkdir()
+    (data / "a.py").write_text("x = 1\n")
     res = cli("train", tmp_path / "run", "--device", "cpu", "--data", data)
     assert res.code == 0, res.err
     first = res.out.splitlines()[0]
@@ -361,6 +362,7 @@ def test_commands_to_copy_are_never_wrapped(cli, fake_run, tmp_path):
     """Before: piped output wrapped at 80 columns, splitting the final `try: dflash generate ...` mid-command."""
     data = tmp_path / "some" / "rather long folder name" / "of python sources"
     data.mkdir(parents=True)
+    (data / "a.py").write_text("x = 1\n")
     out = tmp_path / "a run folder whose name is long enough to wrap"
     res = cli("train", out, "--preset", "tiny", "--data", data)
     assert res.code == 0, res.err
@@ -417,3 +419,76 @@ def test_the_trained_folder_is_a_model_whose_drafters_are_found(trained, cli, tm
     (tmp_path / "started" / "target").mkdir(parents=True)  # a run paused in its target stage
     res = cli("generate", "--model", tmp_path / "started", "-p", "x")
     assert res.code == 1 and "without a trained target yet" in res.err and res.err.count("\n") == 1
+
+
+# A demanding user's trial: each of these was a Python exception's one line (NotADirectoryError, ValueError, a
+# FileNotFoundError from the other run's checkpoint), ran on (--time-limit nan, --stages ''), or failed only after
+# the data stage had left a folder that refused the next run with another seed.
+
+@pytest.mark.parametrize("case", ["empty data", "no python", "no stages", "no tokenizer", "no target", "seed",
+                                  "nan limit", "under a file", "in the package"])
+def test_bad_input_is_one_error_line_before_any_folder_is_made(cli, tmp_path, case):
+    import dflash_cli
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("x")
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "run"
+    args = {"empty data": ["--data", tmp_path / "empty"], "no python": ["--data", tmp_path / "docs"],
+            "no stages": ["--stages", " , "], "no tokenizer": ["--stages", "target"],
+            "no target": ["--stages", "tokenizer,dflash"], "seed": ["--seed", str(2**64)],
+            "nan limit": ["--time-limit", "nan"]}.get(case, [])
+    if case == "under a file":
+        out = tmp_path / "file" / "run"
+    if case == "in the package":
+        out = Path(dflash_cli.__file__).parent / "demo"
+    res = cli("train", out, "--preset", "tiny", "--data", src, *args)
+    assert res.code == 1 and res.err.startswith("error: ") and res.err.count("\n") == 1, res.err
+    assert "Error:" not in res.err and res.out == "", res.err  # no exception's name, no empty progress display
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_second_run_in_the_same_folder_is_refused_while_the_first_runs(cli, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    out = tmp_path / "run"
+    with pipeline.only_run(out):
+        res = cli("train", out, "--preset", "tiny", "--data", src)
+    assert res.code == 1 and "another dflash train is running in" in res.err and res.err.count("\n") == 1, res.err
+    with pipeline.only_run(out):  # the lock went with its holder
+        pass
+
+
+def test_ctrl_c_outside_a_training_loop_says_how_to_resume(cli, fake_run, monkeypatch, tmp_path):
+    """The data stage, the block choice and the evaluation stop at once on Ctrl-C; the run said only 'interrupted'."""
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "train_demo", interrupted)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    res = cli("train", tmp_path / "run", "--preset", "tiny", "--data", src)
+    assert res.code == 130 and res.err.startswith("interrupted: ") and \
+        f"resume: dflash train {tmp_path / 'run'} --preset tiny --data {src}" in res.err, res.err
+
+
+def test_the_token_cache_is_never_left_half_written(monkeypatch, tmp_path):
+    """A Ctrl-C while it was saved left a truncated tokens-*.pt that every later run failed to load."""
+    from types import SimpleNamespace
+
+    def cut_short(obj, f):
+        Path(f).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.bpe, "encode", lambda tok, texts: torch.zeros(3, dtype=torch.int32))
+    monkeypatch.setattr(pipeline.torch, "save", cut_short)
+    data = SimpleNamespace(train=["x"], held_out=["y"], digest="d")
+    with pytest.raises(KeyboardInterrupt):
+        pipeline._tokens(tmp_path, None, data)
+    assert not (tmp_path / "tokens-d.pt").exists()

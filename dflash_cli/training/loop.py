@@ -29,6 +29,9 @@ class Paused(Exception):
         self.stage, self.done, self.total = stage, done, total
 
 
+SEED_LIMIT = 2**40  # |seed| up to this: seed * 1_000_003 + the stage's and step's terms stay in manual_seed's int64 range
+
+
 def batch_generator(seed: int, stage: str, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(stage.encode()) * 7919 + step)
 

@@ -47,10 +47,8 @@ def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: tor
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise DflashError(f"unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)})")
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    run = _Run(out, work, preset, roots, device, seed, report, note, stages, Stop(time_limit))
-    with ops.reference_only():  # the fused Triton kernels have no backward
+    with only_run(out), ops.reference_only():  # the fused Triton kernels have no backward
+        run = _Run(out, out / "work", preset, roots, device, seed, report, note, stages, Stop(time_limit))
         try:
             return run.train()
         except Paused as e:
@@ -281,6 +279,38 @@ class _Run:
         self.note(f"block: {chosen} ships" + (f" ({speeds})" if scores else ""))
 
 
+@contextmanager
+def only_run(out: Path):
+    """One run at a time in a folder (two wrote the same checkpoints and one failed on the other's renamed file); the
+    lock goes with the process, however it ends."""
+    try:
+        (out / "work").mkdir(parents=True, exist_ok=True)
+        lock = open(out / "work" / "lock", "a")
+    except OSError as e:
+        raise DflashError(f"cannot write to {out}: {e.strerror}") from None
+    with lock:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            yield
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DflashError(f"another dflash train is running in {out}: wait for it to end (or stop it), or train "
+                              f"into another folder") from None
+        yield
+
+
+def check_inputs(out: Path, stages) -> None:
+    """Up front, before the data stage reads and tokenizes the corpus: the stages asked for have what they start from."""
+    if "tokenizer" not in stages and not (out / "target" / "tokenizer.json").is_file():
+        raise DflashError(f"{out / 'target'} has no tokenizer: run the tokenizer stage first")
+    if (set(stages) - {"tokenizer", "target"} and "target" not in stages
+            and not (out / "target" / "model.safetensors").is_file()):
+        raise DflashError(f"{out / 'target'} has no trained target: run the target stage first")
+
+
 def check_same_run(out: Path, preset: presets.Preset, seed: int) -> None:
     """A folder that holds a run is resumed only with that run's preset and seed."""
     info = _read_info(Path(out))
@@ -304,7 +334,9 @@ def _tokens(work: Path, tok, data) -> tuple[torch.Tensor, torch.Tensor]:
         saved = torch.load(path, weights_only=True)
         return saved["train"], saved["held_out"]
     train, held = bpe.encode(tok, data.train), bpe.encode(tok, data.held_out)
-    torch.save({"train": train, "held_out": held}, path)
+    tmp = path.with_suffix(".tmp")  # a Ctrl-C while saving must not leave a truncated file the next run loads
+    torch.save({"train": train, "held_out": held}, tmp)
+    tmp.replace(path)
     return train, held
 
 
