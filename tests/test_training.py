@@ -267,6 +267,7 @@ def test_cli_train_refuses_another_preset_or_seed_in_a_started_folder(cli, tmp_p
     first = cli("train", out, "--preset", "tiny", "--data", data, "--stages", "tokenizer", "--device", "cpu")
     assert first.code == 0, first.err
     assert "nothing yet" in first.out and (out / "target" / "tokenizer.json").is_file()
+    assert "\n\n" not in first.out  # no empty line from a progress display that showed no step
     for flags in (["--preset", "demo"], ["--preset", "tiny", "--seed", "1"]):
         res = cli("train", out, *flags, "--data", data, "--device", "cpu")
         assert res.code == 1 and res.err.count("\n") == 1 and "resume it with the same" in res.err, res.err
@@ -296,8 +297,11 @@ def test_ctrl_c_in_a_training_loop_saves_at_the_step_boundary_and_the_rerun_resu
     assert any(n.startswith("Ctrl-C: stopping after this step") for n in notes), notes
     assert any(n.startswith("Ctrl-C: target paused at 3/") and "run the same command again" in n for n in notes)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and signal.set_wakeup_fd(-1) == -1
-    info = run_tiny(tmp / "c", data, stages=FAST)
+    reports = []
+    info = run_tiny(tmp / "c", data, stages=FAST, report=lambda *r: reports.append(r))
     assert "paused" not in info
+    # The distillation's readout counts the rows written, not its parts' capacity (it said 12.000 of 10 rows).
+    assert [r[3]["rows"] for r in reports if r[0] == "distill"][-1] == presets.TINY.distill_sequences
     for f in ("target", "work/dflash-b4", "eagle3"):
         assert (tmp / "a" / f / "model.safetensors").read_bytes() == (tmp / "c" / f / "model.safetensors").read_bytes()
 

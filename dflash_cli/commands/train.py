@@ -55,7 +55,7 @@ def run_train(o: TrainOptions, console: Console) -> dict:
             if first:
                 progress.start()
                 tasks[stage] = progress.add_task(stage, total=total, completed=0, loss="")
-            shown = "  ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+            shown = "  ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:.3f}" for k, v in metrics.items())
             progress.update(tasks[stage], completed=step, loss=shown)
             # A log file gets a readout too: a stage's first step (how long one takes), then every tenth.
             if not console.is_terminal and (first or step * 10 // total != (step - 1) * 10 // total or step == total):
@@ -66,7 +66,8 @@ def run_train(o: TrainOptions, console: Console) -> dict:
     except KeyboardInterrupt:  # outside a training loop (the data, the block choice, the evaluation): nothing lost
         raise Interrupted(f"interrupted: what finished is kept; resume: {_command(o)}") from None
     finally:
-        progress.stop()
+        if progress.live.is_started:  # stopping one never started prints an empty line where stdout is no terminal
+            progress.stop()
     made = [str(o.out / d) for d in ("target", "dflash", "eagle3") if (o.out / d / "model.safetensors").is_file()]
     _say(console, f"trained: {', '.join(made) or 'nothing yet (only the tokenizer)'}")
     if info.get("stages"):

@@ -233,7 +233,7 @@ class _Run:
                 tmp = path.with_suffix(".tmp")
                 torch.save(part, tmp)
                 tmp.replace(path)
-                self.report("distill", i + 1, n, {"rows": float((i + 1) * p.distill_batch)})
+                self.report("distill", i + 1, n, {"rows": min((i + 1) * p.distill_batch, p.distill_sequences)})
                 if i + 1 < n and self.stop():
                     raise Paused("distill", i + 1, n)
 
