@@ -496,3 +496,14 @@ def test_the_token_cache_is_never_left_half_written(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         pipeline._tokens(tmp_path, None, data)
     assert not (tmp_path / "tokens-d.pt").exists()
+
+
+def test_a_stage_resumed_on_another_device_names_both(tmp_path):
+    """training_info.json kept only the last run's device for a stage's seconds summed over runs on two machines."""
+    run = pipeline._Run(tmp_path, tmp_path / "work", presets.TINY, [], torch.device("cpu"), 0, None,
+                        lambda msg: None, pipeline.STAGES, None)
+    for where in ("NVIDIA H200", "cpu", "NVIDIA H200"):
+        with run.timed("target", where):
+            pass
+    saved = json.loads((tmp_path / "training_info.json").read_text())["stages"]["target"]
+    assert saved["device"] == "NVIDIA H200 + cpu" and saved["finished"]

@@ -70,7 +70,8 @@ class _Run:
 
     @contextmanager
     def timed(self, stage: str, where: str):
-        """Adds the stage's seconds (also when it is cut short) and where it ran to info["stages"]."""
+        """Adds the stage's seconds (also when it is cut short) and where it ran (every device, once) to
+        info["stages"]."""
         t0 = time.perf_counter()
         done = False
         try:
@@ -80,7 +81,8 @@ class _Run:
             took = time.perf_counter() - t0
             s = self.info.setdefault("stages", {}).setdefault(stage, {"seconds": 0.0})
             s["seconds"] = round(s["seconds"] + took, 1)
-            s["device"] = where
+            ran = s.get("device")  # a stage resumed elsewhere (started on a GPU, finished on a CPU) names both
+            s["device"] = where if ran is None else ran if where in ran.split(" + ") else f"{ran} + {where}"
             s["finished"] = done
             s["data"] = self.info.get("data", {}).get("digest")  # the corpus this run read (info["corpora"])
             self.write_info()
