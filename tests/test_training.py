@@ -507,3 +507,24 @@ def test_a_stage_resumed_on_another_device_names_both(tmp_path):
             pass
     saved = json.loads((tmp_path / "training_info.json").read_text())["stages"]["target"]
     assert saved["device"] == "NVIDIA H200 + cpu" and saved["finished"]
+
+
+def test_the_chosen_drafter_is_copied_whole_or_not_at_all(monkeypatch, tmp_path):
+    import shutil
+
+    src = tmp_path / "work" / "dflash-b4"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"weights")
+
+    def cut_short(a, b, **kw):
+        Path(b).write_bytes(b"we")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copyfile", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline._copy_whole(src, tmp_path / "dflash")
+    assert not pipeline._done(tmp_path / "dflash")
+    monkeypatch.undo()
+    pipeline._copy_whole(src, tmp_path / "dflash")
+    assert (tmp_path / "dflash" / "model.safetensors").read_bytes() == b"weights"

@@ -272,7 +272,7 @@ class _Run:
                 chosen = max(tied, key=lambda b: scores[b][f"tau {DEFAULT}"])
             else:
                 chosen = p.block_size
-            shutil.copytree(folders[chosen], ddir, dirs_exist_ok=True)
+            _copy_whole(folders[chosen], ddir)
             self.info["block_choice"] = {"chosen": chosen, "candidates": {str(b): s for b, s in scores.items()},
                                          "rule": f"highest greedy tok/s ({WHERE}) on the held-out selection "
                                                  "prompts, the demo's default decoding; within "
@@ -320,6 +320,16 @@ def check_same_run(out: Path, preset: presets.Preset, seed: int) -> None:
     if earlier[0] is not None and earlier != (preset.name, seed):
         raise DflashError(f"{out} holds a run with preset {earlier[0]} and seed {earlier[1]}: resume it with the "
                           f"same --preset and --seed, or train into a new folder")
+
+
+def _copy_whole(src: Path, dst: Path) -> None:
+    """A copy that is there whole or not at all: a Ctrl-C while copying left a truncated model.safetensors that every
+    later run took as the shipped drafter."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
 
 
 def _done(folder: Path) -> bool:
