@@ -528,3 +528,16 @@ def test_the_chosen_drafter_is_copied_whole_or_not_at_all(monkeypatch, tmp_path)
     monkeypatch.undo()
     pipeline._copy_whole(src, tmp_path / "dflash")
     assert (tmp_path / "dflash" / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_a_folder_that_cannot_be_written_is_one_error_line(cli, monkeypatch, tmp_path):
+    """As root the tests cannot make a folder unwritable: the lock file's open is refused instead."""
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(pipeline, "open", denied, raising=False)
+    res = cli("train", tmp_path / "run", "--preset", "tiny", "--data", src)
+    assert res.code == 1 and res.err == f"error: cannot write to {tmp_path / 'run'}: Permission denied\n", res.err
