@@ -541,3 +541,32 @@ def test_a_folder_that_cannot_be_written_is_one_error_line(cli, monkeypatch, tmp
     monkeypatch.setattr(pipeline, "open", denied, raising=False)
     res = cli("train", tmp_path / "run", "--preset", "tiny", "--data", src)
     assert res.code == 1 and res.err == f"error: cannot write to {tmp_path / 'run'}: Permission denied\n", res.err
+
+
+def test_a_paused_loop_reports_the_step_it_paused_at(tmp_path):
+    """A stage of over 100 steps reports every tenth: paused at 2/3000, its bar and log said 1/3000."""
+    from dflash_cli.training.loop import Paused, optimise
+    from dflash_cli.training.stop import Stop
+
+    w = torch.nn.Parameter(torch.zeros(2, 2))
+    reports = []
+    calls = iter(range(100))
+
+    class AfterTwo(Stop):  # due after the second step
+        def __call__(self):
+            return next(calls) >= 1
+
+    with pytest.raises(Paused) as e:
+        optimise("toy", [w], lambda g: ((w ** 2).sum() + 1, {}), 300, 1e-3, tmp_path, 0, torch.device("cpu"),
+                 lambda *r: reports.append(r), stop=AfterTwo())
+    assert e.value.done == 2 and reports[-1][:3] == ("toy", 2, 300)
+
+
+def test_too_little_source_says_what_was_skipped(tmp_path):
+    from dflash_cli.errors import DflashError
+    from dflash_cli.training import corpus
+
+    (tmp_path / "big.py").write_text("x = 1\n" * 40_000)
+    (tmp_path / "small.py").write_text("x = 1\n")
+    with pytest.raises(DflashError, match="two files or more .those over 200 KB, empty or not UTF-8 are skipped"):
+        corpus.collect([tmp_path], 10**6)
