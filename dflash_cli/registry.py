@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -108,11 +109,30 @@ class Registry:
         if model in self.entries:
             return self.entries[model]
         if Path(model).expanduser().is_dir():
-            return ModelEntry(name=Path(model).name, target=Source(str(Path(model).expanduser())))
+            folder = Path(model).expanduser()
+            return trained_run(folder) or ModelEntry(name=folder.name, target=Source(str(folder)))
         if looks_like_repo_id(model):
             return ModelEntry(name=model, target=Source(model))
         known = ", ".join(sorted(self.entries)) or "none"
         raise DflashError(f"unknown model '{model}': not a registry entry ({known}), folder or Hub repo id")
+
+
+def trained_run(folder: Path) -> ModelEntry | None:
+    """A `dflash train` output folder, laid out as the embedded demo (target/, dflash/, eagle3/): its target with the
+    drafters trained so far, the EAGLE-3 chain length it was evaluated at, and the demo's Python bench prompts."""
+    if (folder / "config.json").is_file() or not ((folder / "target").is_dir() or (folder / "training_info.json").is_file()):
+        return None
+    if not (folder / "target" / "config.json").is_file():
+        raise DflashError(f"{folder} is a dflash train folder without a trained target yet: resume its training "
+                          f"(dflash train {folder} ...)")
+    try:
+        preset = json.loads((folder / "training_info.json").read_text()).get("preset", {})
+    except (OSError, ValueError, AttributeError):
+        preset = {}
+    drafters = {k: Source(str(folder / k)) for k in ("dflash", "eagle3") if (folder / k / "model.safetensors").is_file()}
+    return ModelEntry(name=folder.name, target=Source(str(folder / "target")), drafters=drafters,
+                      draft_len=preset.get("draft_len") if isinstance(preset.get("draft_len"), int) else None,
+                      bench_prompts=PACKAGED.with_name("bench") / "python.jsonl")
 
 
 def _entry(name: str, spec: dict, path: Path) -> ModelEntry:

@@ -267,6 +267,7 @@ def test_cli_train_refuses_another_preset_or_seed_in_a_started_folder(cli, tmp_p
     first = cli("train", out, "--preset", "tiny", "--data", data, "--stages", "tokenizer", "--device", "cpu")
     assert first.code == 0, first.err
     assert "nothing yet" in first.out and (out / "target" / "tokenizer.json").is_file()
+    assert "\n\n" not in first.out  # no empty line from a progress display that showed no step
     for flags in (["--preset", "demo"], ["--preset", "tiny", "--seed", "1"]):
         res = cli("train", out, *flags, "--data", data, "--device", "cpu")
         assert res.code == 1 and res.err.count("\n") == 1 and "resume it with the same" in res.err, res.err
@@ -296,8 +297,11 @@ def test_ctrl_c_in_a_training_loop_saves_at_the_step_boundary_and_the_rerun_resu
     assert any(n.startswith("Ctrl-C: stopping after this step") for n in notes), notes
     assert any(n.startswith("Ctrl-C: target paused at 3/") and "run the same command again" in n for n in notes)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and signal.set_wakeup_fd(-1) == -1
-    info = run_tiny(tmp / "c", data, stages=FAST)
+    reports = []
+    info = run_tiny(tmp / "c", data, stages=FAST, report=lambda *r: reports.append(r))
     assert "paused" not in info
+    # The distillation's readout counts the rows written, not its parts' capacity (it said 12.000 of 10 rows).
+    assert [r[3]["rows"] for r in reports if r[0] == "distill"][-1] == presets.TINY.distill_sequences
     for f in ("target", "work/dflash-b4", "eagle3"):
         assert (tmp / "a" / f / "model.safetensors").read_bytes() == (tmp / "c" / f / "model.safetensors").read_bytes()
 
@@ -348,6 +352,7 @@ def test_demo_preset_on_a_cpu_says_up_front_how_long_and_what_else(cli, fake_run
     days."""
     data = tmp_path / "src"
     data.mkdir()
+    (data / "a.py").write_text("x = 1\n")
     res = cli("train", tmp_path / "run", "--device", "cpu", "--data", data)
     assert res.code == 0, res.err
     first = res.out.splitlines()[0]
@@ -361,12 +366,12 @@ def test_commands_to_copy_are_never_wrapped(cli, fake_run, tmp_path):
     """Before: piped output wrapped at 80 columns, splitting the final `try: dflash generate ...` mid-command."""
     data = tmp_path / "some" / "rather long folder name" / "of python sources"
     data.mkdir(parents=True)
+    (data / "a.py").write_text("x = 1\n")
     out = tmp_path / "a run folder whose name is long enough to wrap"
     res = cli("train", out, "--preset", "tiny", "--data", data)
     assert res.code == 0, res.err
     tried = [line for line in res.out.splitlines() if line.startswith("try: ")]
-    assert tried == [f"try: dflash generate --model '{out}/target' --draft '{out}/dflash' "
-                     f"--prompt \"def fibonacci(n):\""]
+    assert tried == [f"try: dflash generate --model '{out}' --prompt \"def fibonacci(n):\""]
     assert len(tried[0]) > 80
 
     fake_run["info"] = {"paused": {"stage": "target", "done": 3, "total": 6, "by": "Ctrl-C"}}
@@ -397,3 +402,171 @@ def test_ctrl_c_in_a_stages_last_step_stops_before_the_evaluation(trained):
     info = run_tiny(run, data, report=ctrl_c_at_the_last_step, stages=("eagle3", "evaluate"))
     assert info["paused"] == {"stage": "evaluate", "done": 0, "total": 1, "by": "Ctrl-C"}
     assert (run / "eagle3" / "model.safetensors").is_file()
+
+
+def test_the_trained_folder_is_a_model_whose_drafters_are_found(trained, cli, tmp_path):
+    """Before: `dflash generate --model OUT` said 'model config not found: OUT/config.json', and `--model OUT/target`
+    found no drafter (`--draft dflash` was an error naming the registry)."""
+    from dflash_cli.registry import Registry
+
+    tmp, _, _ = trained
+    out = tmp / "a"
+    entry = Registry.load().resolve(str(out))
+    assert entry.target.ref == str(out / "target") and set(entry.drafters) == {"dflash", "eagle3"}
+    assert entry.draft_len == presets.TINY.draft_len and entry.bench_prompts.is_file()  # the chain it was evaluated at
+    for flags, kind in (([], "dflash"), (["--draft", "eagle3"], "eagle3")):
+        res = cli("generate", "--model", out, *flags, "-p", "def f(x):", "-n", "8", "--json")
+        assert res.code == 0, res.err
+        stats = json.loads(res.out)["stats"]
+        assert stats["draft_kind"] == kind
+    assert len(stats["accept_rate_by_position"]) == presets.TINY.draft_len  # EAGLE-3's chain, not its default 7
+    (tmp_path / "started" / "target").mkdir(parents=True)  # a run paused in its target stage
+    res = cli("generate", "--model", tmp_path / "started", "-p", "x")
+    assert res.code == 1 and "without a trained target yet" in res.err and res.err.count("\n") == 1
+
+
+# A demanding user's trial: each of these was a Python exception's one line (NotADirectoryError, ValueError, a
+# FileNotFoundError from the other run's checkpoint), ran on (--time-limit nan, --stages ''), or failed only after
+# the data stage had left a folder that refused the next run with another seed.
+
+@pytest.mark.parametrize("case", ["empty data", "no python", "no stages", "no tokenizer", "no target", "seed",
+                                  "nan limit", "under a file", "in the package"])
+def test_bad_input_is_one_error_line_before_any_folder_is_made(cli, tmp_path, case):
+    import dflash_cli
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("x")
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "run"
+    args = {"empty data": ["--data", tmp_path / "empty"], "no python": ["--data", tmp_path / "docs"],
+            "no stages": ["--stages", " , "], "no tokenizer": ["--stages", "target"],
+            "no target": ["--stages", "tokenizer,dflash"], "seed": ["--seed", str(2**64)],
+            "nan limit": ["--time-limit", "nan"]}.get(case, [])
+    if case == "under a file":
+        out = tmp_path / "file" / "run"
+    if case == "in the package":
+        out = Path(dflash_cli.__file__).parent / "demo"
+    res = cli("train", out, "--preset", "tiny", "--data", src, *args)
+    assert res.code == 1 and res.err.startswith("error: ") and res.err.count("\n") == 1, res.err
+    assert "Error:" not in res.err and res.out == "", res.err  # no exception's name, no empty progress display
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_second_run_in_the_same_folder_is_refused_while_the_first_runs(cli, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    out = tmp_path / "run"
+    with pipeline.only_run(out):
+        res = cli("train", out, "--preset", "tiny", "--data", src)
+    assert res.code == 1 and "another dflash train is running in" in res.err and res.err.count("\n") == 1, res.err
+    with pipeline.only_run(out):  # the lock went with its holder
+        pass
+
+
+def test_ctrl_c_outside_a_training_loop_says_how_to_resume(cli, fake_run, monkeypatch, tmp_path):
+    """The data stage, the block choice and the evaluation stop at once on Ctrl-C; the run said only 'interrupted'."""
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "train_demo", interrupted)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    res = cli("train", tmp_path / "run", "--preset", "tiny", "--data", src)
+    assert res.code == 130 and res.err.startswith("interrupted: ") and \
+        f"resume: dflash train {tmp_path / 'run'} --preset tiny --data {src}" in res.err, res.err
+
+
+def test_the_token_cache_is_never_left_half_written(monkeypatch, tmp_path):
+    """A Ctrl-C while it was saved left a truncated tokens-*.pt that every later run failed to load."""
+    from types import SimpleNamespace
+
+    def cut_short(obj, f):
+        Path(f).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.bpe, "encode", lambda tok, texts: torch.zeros(3, dtype=torch.int32))
+    monkeypatch.setattr(pipeline.torch, "save", cut_short)
+    data = SimpleNamespace(train=["x"], held_out=["y"], digest="d")
+    with pytest.raises(KeyboardInterrupt):
+        pipeline._tokens(tmp_path, None, data)
+    assert not (tmp_path / "tokens-d.pt").exists()
+
+
+def test_a_stage_resumed_on_another_device_names_both(tmp_path):
+    """training_info.json kept only the last run's device for a stage's seconds summed over runs on two machines."""
+    run = pipeline._Run(tmp_path, tmp_path / "work", presets.TINY, [], torch.device("cpu"), 0, None,
+                        lambda msg: None, pipeline.STAGES, None)
+    for where in ("NVIDIA H200", "cpu", "NVIDIA H200"):
+        with run.timed("target", where):
+            pass
+    saved = json.loads((tmp_path / "training_info.json").read_text())["stages"]["target"]
+    assert saved["device"] == "NVIDIA H200 + cpu" and saved["finished"]
+
+
+def test_the_chosen_drafter_is_copied_whole_or_not_at_all(monkeypatch, tmp_path):
+    import shutil
+
+    src = tmp_path / "work" / "dflash-b4"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"weights")
+
+    def cut_short(a, b, **kw):
+        Path(b).write_bytes(b"we")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copyfile", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline._copy_whole(src, tmp_path / "dflash")
+    assert not pipeline._done(tmp_path / "dflash")
+    monkeypatch.undo()
+    pipeline._copy_whole(src, tmp_path / "dflash")
+    assert (tmp_path / "dflash" / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_a_folder_that_cannot_be_written_is_one_error_line(cli, monkeypatch, tmp_path):
+    """As root the tests cannot make a folder unwritable: the lock file's open is refused instead."""
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(pipeline, "open", denied, raising=False)
+    res = cli("train", tmp_path / "run", "--preset", "tiny", "--data", src)
+    assert res.code == 1 and res.err == f"error: cannot write to {tmp_path / 'run'}: Permission denied\n", res.err
+
+
+def test_a_paused_loop_reports_the_step_it_paused_at(tmp_path):
+    """A stage of over 100 steps reports every tenth: paused at 2/3000, its bar and log said 1/3000."""
+    from dflash_cli.training.loop import Paused, optimise
+    from dflash_cli.training.stop import Stop
+
+    w = torch.nn.Parameter(torch.zeros(2, 2))
+    reports = []
+    calls = iter(range(100))
+
+    class AfterTwo(Stop):  # due after the second step
+        def __call__(self):
+            return next(calls) >= 1
+
+    with pytest.raises(Paused) as e:
+        optimise("toy", [w], lambda g: ((w ** 2).sum() + 1, {}), 300, 1e-3, tmp_path, 0, torch.device("cpu"),
+                 lambda *r: reports.append(r), stop=AfterTwo())
+    assert e.value.done == 2 and reports[-1][:3] == ("toy", 2, 300)
+
+
+def test_too_little_source_says_what_was_skipped(tmp_path):
+    from dflash_cli.errors import DflashError
+    from dflash_cli.training import corpus
+
+    (tmp_path / "big.py").write_text("x = 1\n" * 40_000)
+    (tmp_path / "small.py").write_text("x = 1\n")
+    with pytest.raises(DflashError, match="two files or more .those over 200 KB, empty or not UTF-8 are skipped"):
+        corpus.collect([tmp_path], 10**6)

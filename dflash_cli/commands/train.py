@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..options import TrainOptions
-from ..errors import DflashError
+from ..errors import DflashError, Interrupted
 
 TRAINING = ("target", "distill", "dflash", "eagle3")  # the stages a GPU is for
 
@@ -19,33 +19,43 @@ TRAINING = ("target", "distill", "dflash", "eagle3")  # the stages a GPU is for
 def run_train(o: TrainOptions, console: Console) -> dict:
     from ..runtime.bundle import pick_device
     from ..training import corpus, pipeline, presets
+    from ..training.loop import SEED_LIMIT
     from ..training.stop import INTERRUPTED
 
     preset = presets.get(o.preset)
-    if o.time_limit is not None and o.time_limit < 0:
+    if o.time_limit is not None and not o.time_limit >= 0:  # nan passes `< 0`
         raise DflashError(f"--time-limit must be >= 0 seconds (got {o.time_limit})")
+    if not -SEED_LIMIT <= o.seed <= SEED_LIMIT:
+        raise DflashError(f"--seed must be between {-SEED_LIMIT} and {SEED_LIMIT} (got {o.seed})")
+    stages = _stages(o.stages, pipeline.STAGES)
     device = pick_device(o.device)
-    stages = tuple(s.strip() for s in o.stages.split(",")) if o.stages else pipeline.STAGES
-    if o.out.exists() and not o.out.is_dir():
-        raise DflashError(f"{o.out} exists and is not a folder")
+    _check_out(o.out)
+    # Before the output folder exists: a typo must not leave a run that blocks the next one.
     missing = [str(r) for r in o.data if not Path(r).is_dir()]
-    if missing:  # before the output folder exists: a typo must not leave a run that blocks the next one
+    if missing:
         raise DflashError(f"training data folder not found: {', '.join(missing)}")
     roots = o.data or corpus.default_roots()
+    empty = [str(r) for r in roots if next(Path(r).rglob("*.py"), None) is None]
+    if empty:
+        raise DflashError(f"no Python files (*.py) under {', '.join(empty)}")
+    pipeline.check_inputs(o.out, stages)
+    pipeline.check_same_run(o.out, preset, o.seed)  # a refused resume first: the demo's CPU estimate takes seconds
     if device.type == "cpu" and preset.name == presets.DEMO.name and set(stages) & set(TRAINING):
-        pipeline.check_same_run(o.out, preset, o.seed)  # a refused resume first: the estimate takes seconds
         _say(console, _cpu_warning(o, preset, device, stages))
     columns = (TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                TimeElapsedColumn(), TimeRemainingColumn())
     t0 = time.perf_counter()
-    with Progress(*columns, console=console, transient=False) as progress:
+    # Shown from the first step: an error before it is one line, not one after an empty progress display.
+    progress = Progress(*columns, console=console, transient=False)
+    try:
         tasks = {}
 
         def report(stage: str, step: int, total: int, metrics: dict) -> None:
             first = stage not in tasks
             if first:
+                progress.start()
                 tasks[stage] = progress.add_task(stage, total=total, completed=0, loss="")
-            shown = "  ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+            shown = "  ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v:.3f}" for k, v in metrics.items())
             progress.update(tasks[stage], completed=step, loss=shown)
             # A log file gets a readout too: a stage's first step (how long one takes), then every tenth.
             if not console.is_terminal and (first or step * 10 // total != (step - 1) * 10 // total or step == total):
@@ -53,6 +63,11 @@ def run_train(o: TrainOptions, console: Console) -> dict:
 
         info = pipeline.train_demo(o.out, preset, roots, device, o.seed, report,
                                    lambda msg: _say(progress.console, msg), stages, o.time_limit)
+    except KeyboardInterrupt:  # outside a training loop (the data, the block choice, the evaluation): nothing lost
+        raise Interrupted(f"interrupted: what finished is kept; resume: {_command(o)}") from None
+    finally:
+        if progress.live.is_started:  # stopping one never started prints an empty line where stdout is no terminal
+            progress.stop()
     made = [str(o.out / d) for d in ("target", "dflash", "eagle3") if (o.out / d / "model.safetensors").is_file()]
     _say(console, f"trained: {', '.join(made) or 'nothing yet (only the tokenizer)'}")
     if info.get("stages"):
@@ -65,10 +80,32 @@ def run_train(o: TrainOptions, console: Console) -> dict:
                       f"resume: {_command(o)}")
         if pz.get("by") == "Ctrl-C":
             raise typer.Exit(INTERRUPTED)  # a run Ctrl-C paused exits as any interrupted command, saved or not
-    if (o.out / "dflash" / "model.safetensors").is_file():
-        _say(console, f"try: dflash generate --model {shlex.quote(str(o.out / 'target'))} "
-                      f"--draft {shlex.quote(str(o.out / 'dflash'))} --prompt \"def fibonacci(n):\"")
+    if (o.out / "dflash" / "model.safetensors").is_file():  # the folder is a model whose drafters are found
+        _say(console, f"try: dflash generate --model {shlex.quote(str(o.out))} --prompt \"def fibonacci(n):\"")
     return info
+
+
+def _stages(flag: str | None, known: tuple[str, ...]) -> tuple[str, ...]:
+    if flag is None:
+        return known
+    stages = tuple(s.strip() for s in flag.split(",") if s.strip())
+    if not stages:
+        raise DflashError(f"--stages names no stage (stages: {','.join(known)})")
+    unknown = sorted(set(stages) - set(known))
+    if unknown:
+        raise DflashError(f"unknown stage(s) {', '.join(unknown)} (stages: {','.join(known)})")
+    return stages
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise DflashError(f"{out} exists and is not a folder")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise DflashError(f"cannot make the folder {out}: {blocker} is a file")
+    package = Path(__file__).resolve().parents[1]
+    if out.resolve().is_relative_to(package):  # the embedded demo lives there: a run would overwrite or mix with it
+        raise DflashError(f"{out} is inside the dflash package ({package}): train into a folder of your own")
 
 
 def _say(console: Console, text: str) -> None:

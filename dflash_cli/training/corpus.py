@@ -62,5 +62,6 @@ def collect(roots: list[Path], max_bytes: int, held_out_fraction: float = 0.02) 
     if not held and len(train) > 1:  # a small corpus: hold out its last file
         held.append(train.pop())
     if not train or not held:
-        raise DflashError(f"too little Python source under {', '.join(map(str, roots))} to train on")
+        raise DflashError(f"too little Python source under {', '.join(map(str, roots))} to train on: it takes two "
+                          f"files or more (those over {MAX_FILE_BYTES // 1000} KB, empty or not UTF-8 are skipped)")
     return Corpus(train, held, len(train) + len(held), total, digest.hexdigest()[:16])

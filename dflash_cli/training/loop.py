@@ -29,6 +29,9 @@ class Paused(Exception):
         self.stage, self.done, self.total = stage, done, total
 
 
+SEED_LIMIT = 2**40  # |seed| up to this: seed * 1_000_003 + the stage's and step's terms stay in manual_seed's int64 range
+
+
 def batch_generator(seed: int, stage: str, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(stage.encode()) * 7919 + step)
 
@@ -77,12 +80,20 @@ def optimise(stage: str, params: list[torch.nn.Parameter], loss_fn: Callable[[to
         opt.step()
         opt.zero_grad(set_to_none=True)
         done = step + 1
-        if done % log_every == 0 or done == steps or done == start + 1:
-            report(stage, done, steps, {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}})
+        logged = done % log_every == 0 or done == steps or done == start + 1
+        if logged:
+            report(stage, done, steps, _shown(loss, metrics))
         halt = done < steps and stop is not None and stop()
+        if halt and not logged:  # the readout ends where the stage paused
+            report(stage, done, steps, _shown(loss, metrics))
         if done % save_every == 0 or done == steps or halt:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"step": done, "params": [p.detach() for p in params], "opt": opt.state_dict()}, tmp)
             os.replace(tmp, ckpt)
         if halt:
             raise Paused(stage, done, steps)
+
+
+def _shown(loss: torch.Tensor, metrics: dict) -> dict:
+    """The step's readout (a device sync on CUDA: only on the steps that are shown)."""
+    return {"loss": float(loss.detach()), **{k: float(v) for k, v in metrics.items()}}

@@ -3,8 +3,8 @@
 Every stage leaves its result in the output folder and is skipped when that result exists; a stage
 cut short (an error, or a second Ctrl-C) resumes from its last checkpoint under `work/`; `time_limit` reached or a
 Ctrl-C during a training loop or the distillation stops at the next step or part, saved there.
-The three model folders are in the published layouts and load with `--model DIR/target --draft
-DIR/dflash` (or DIR/eagle3). training_info.json records, per stage, the seconds it took (summed over
+The three model folders are in the published layouts; `--model DIR` loads the target with its drafters
+(registry.trained_run), `--model DIR/target --draft DIR/dflash` (or DIR/eagle3) each on its own. training_info.json records, per stage, the seconds it took (summed over
 the runs that worked on it) and where it ran."""
 
 from __future__ import annotations
@@ -47,10 +47,8 @@ def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: tor
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise DflashError(f"unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)})")
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    run = _Run(out, work, preset, roots, device, seed, report, note, stages, Stop(time_limit))
-    with ops.reference_only():  # the fused Triton kernels have no backward
+    with only_run(out), ops.reference_only():  # the fused Triton kernels have no backward
+        run = _Run(out, out / "work", preset, roots, device, seed, report, note, stages, Stop(time_limit))
         try:
             return run.train()
         except Paused as e:
@@ -72,7 +70,8 @@ class _Run:
 
     @contextmanager
     def timed(self, stage: str, where: str):
-        """Adds the stage's seconds (also when it is cut short) and where it ran to info["stages"]."""
+        """Adds the stage's seconds (also when it is cut short) and where it ran (every device, once) to
+        info["stages"]."""
         t0 = time.perf_counter()
         done = False
         try:
@@ -82,7 +81,8 @@ class _Run:
             took = time.perf_counter() - t0
             s = self.info.setdefault("stages", {}).setdefault(stage, {"seconds": 0.0})
             s["seconds"] = round(s["seconds"] + took, 1)
-            s["device"] = where
+            ran = s.get("device")  # a stage resumed elsewhere (started on a GPU, finished on a CPU) names both
+            s["device"] = where if ran is None else ran if where in ran.split(" + ") else f"{ran} + {where}"
             s["finished"] = done
             s["data"] = self.info.get("data", {}).get("digest")  # the corpus this run read (info["corpora"])
             self.write_info()
@@ -235,7 +235,7 @@ class _Run:
                 tmp = path.with_suffix(".tmp")
                 torch.save(part, tmp)
                 tmp.replace(path)
-                self.report("distill", i + 1, n, {"rows": float((i + 1) * p.distill_batch)})
+                self.report("distill", i + 1, n, {"rows": min((i + 1) * p.distill_batch, p.distill_sequences)})
                 if i + 1 < n and self.stop():
                     raise Paused("distill", i + 1, n)
 
@@ -272,13 +272,45 @@ class _Run:
                 chosen = max(tied, key=lambda b: scores[b][f"tau {DEFAULT}"])
             else:
                 chosen = p.block_size
-            shutil.copytree(folders[chosen], ddir, dirs_exist_ok=True)
+            _copy_whole(folders[chosen], ddir)
             self.info["block_choice"] = {"chosen": chosen, "candidates": {str(b): s for b, s in scores.items()},
                                          "rule": f"highest greedy tok/s ({WHERE}) on the held-out selection "
                                                  "prompts, the demo's default decoding; within "
                                                  f"{SPEED_TIE:.0%} of it, the highest greedy τ"}
         speeds = ", ".join(f"{b}: {s['tok_per_s']} tok/s" for b, s in scores.items())
         self.note(f"block: {chosen} ships" + (f" ({speeds})" if scores else ""))
+
+
+@contextmanager
+def only_run(out: Path):
+    """One run at a time in a folder (two wrote the same checkpoints and one failed on the other's renamed file); the
+    lock goes with the process, however it ends."""
+    try:
+        (out / "work").mkdir(parents=True, exist_ok=True)
+        lock = open(out / "work" / "lock", "a")
+    except OSError as e:
+        raise DflashError(f"cannot write to {out}: {e.strerror}") from None
+    with lock:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock
+            yield
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DflashError(f"another dflash train is running in {out}: wait for it to end (or stop it), or train "
+                              f"into another folder") from None
+        yield
+
+
+def check_inputs(out: Path, stages) -> None:
+    """Up front, before the data stage reads and tokenizes the corpus: the stages asked for have what they start from."""
+    if "tokenizer" not in stages and not (out / "target" / "tokenizer.json").is_file():
+        raise DflashError(f"{out / 'target'} has no tokenizer: run the tokenizer stage first")
+    if (set(stages) - {"tokenizer", "target"} and "target" not in stages
+            and not (out / "target" / "model.safetensors").is_file()):
+        raise DflashError(f"{out / 'target'} has no trained target: run the target stage first")
 
 
 def check_same_run(out: Path, preset: presets.Preset, seed: int) -> None:
@@ -288,6 +320,16 @@ def check_same_run(out: Path, preset: presets.Preset, seed: int) -> None:
     if earlier[0] is not None and earlier != (preset.name, seed):
         raise DflashError(f"{out} holds a run with preset {earlier[0]} and seed {earlier[1]}: resume it with the "
                           f"same --preset and --seed, or train into a new folder")
+
+
+def _copy_whole(src: Path, dst: Path) -> None:
+    """A copy that is there whole or not at all: a Ctrl-C while copying left a truncated model.safetensors that every
+    later run took as the shipped drafter."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
 
 
 def _done(folder: Path) -> bool:
@@ -304,7 +346,9 @@ def _tokens(work: Path, tok, data) -> tuple[torch.Tensor, torch.Tensor]:
         saved = torch.load(path, weights_only=True)
         return saved["train"], saved["held_out"]
     train, held = bpe.encode(tok, data.train), bpe.encode(tok, data.held_out)
-    torch.save({"train": train, "held_out": held}, path)
+    tmp = path.with_suffix(".tmp")  # a Ctrl-C while saving must not leave a truncated file the next run loads
+    torch.save({"train": train, "held_out": held}, tmp)
+    tmp.replace(path)
     return train, held
 
 
