@@ -570,3 +570,22 @@ def test_too_little_source_says_what_was_skipped(tmp_path):
     (tmp_path / "small.py").write_text("x = 1\n")
     with pytest.raises(DflashError, match="two files or more .those over 200 KB, empty or not UTF-8 are skipped"):
         corpus.collect([tmp_path], 10**6)
+
+
+def test_a_finished_run_rerun_keeps_its_evaluation_unless_asked(trained):
+    """The same command again on a finished folder: nothing trains, so the evaluation (minutes on the demo) is kept;
+    --stages evaluate measures again."""
+    import shutil
+
+    tmp, data, _ = trained
+    run = tmp / "rerun"
+    shutil.copytree(tmp / "a", run)
+    before = json.loads((run / "training_info.json").read_text())
+    notes = []
+    info = pipeline.train_demo(run, presets.TINY, [data], torch.device("cpu"), 0, lambda *a: None, notes.append)
+    assert any(n.startswith("evaluate: done before") for n in notes), notes
+    assert info["evaluation"] == before["evaluation"] and info["stages"]["evaluate"] == before["stages"]["evaluate"]
+    notes.clear()
+    info = run_tiny(run, data, note=notes.append, stages=("evaluate",))
+    assert info["stages"]["evaluate"]["seconds"] >= before["stages"]["evaluate"]["seconds"]
+    assert any(n.startswith("evaluate: ") and "on cpu" in n for n in notes), notes

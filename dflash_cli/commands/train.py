@@ -62,7 +62,8 @@ def run_train(o: TrainOptions, console: Console) -> dict:
                 _say(progress.console, f"{stage} {step}/{total} {shown} ({time.perf_counter() - t0:.0f} s)")
 
         info = pipeline.train_demo(o.out, preset, roots, device, o.seed, report,
-                                   lambda msg: _say(progress.console, msg), stages, o.time_limit)
+                                   lambda msg: _say(progress.console, msg), None if o.stages is None else stages,
+                                   o.time_limit)
     except KeyboardInterrupt:  # outside a training loop (the data, the block choice, the evaluation): nothing lost
         raise Interrupted(f"interrupted: what finished is kept; resume: {_command(o)}") from None
     finally:

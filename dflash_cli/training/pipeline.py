@@ -40,15 +40,19 @@ CPU = torch.device("cpu")
 
 
 def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: torch.device, seed: int,
-               report: Report, note: Note, stages=STAGES, time_limit: float | None = None) -> dict:
-    """time_limit: seconds after which the run stops at the next checkpoint it can resume from (info["paused"]); a
+               report: Report, note: Note, stages=None, time_limit: float | None = None) -> dict:
+    """stages: the ones to run (None: all, except an evaluation done before when no stage trained anything now);
+    time_limit: seconds after which the run stops at the next checkpoint it can resume from (info["paused"]); a
     Ctrl-C in a training loop or the distillation does the same at once."""
     out = Path(out)
+    asked = stages is not None
+    stages = STAGES if stages is None else stages
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise DflashError(f"unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)})")
     with only_run(out), ops.reference_only():  # the fused Triton kernels have no backward
         run = _Run(out, out / "work", preset, roots, device, seed, report, note, stages, Stop(time_limit))
+        run.evaluate_again = asked
         try:
             return run.train()
         except Paused as e:
@@ -64,6 +68,8 @@ class _Run:
         self.out, self.work, self.p, self.roots, self.device, self.seed = out, work, p, roots, device, seed
         self.report, self.note, self.stages, self.stop = report, note, stages, stop
         self.info = _read_info(out)
+        self.worked: set[str] = set()  # the stages this run did work in, but the data stage
+        self.evaluate_again = True  # False: an evaluation done before is kept when no stage worked
 
     def write_info(self) -> None:
         (self.out / "training_info.json").write_text(json.dumps(self.info, indent=2) + "\n")
@@ -74,6 +80,8 @@ class _Run:
         info["stages"]."""
         t0 = time.perf_counter()
         done = False
+        if stage != "data":
+            self.worked.add(stage)
         try:
             yield
             done = True
@@ -198,7 +206,11 @@ class _Run:
                 eagle3_stage.export(drafter, p, t2d, edir)
                 del drafter, params
 
-        if "evaluate" in stages:
+        evaluated = info.get("stages", {}).get("evaluate", {}).get("finished") and "evaluation" in info
+        if "evaluate" in stages and evaluated and not (self.evaluate_again or self.worked):
+            note("evaluate: done before, nothing trained since (training_info.json \"evaluation\"); "
+                 "--stages evaluate measures again")
+        elif "evaluate" in stages:
             self.unless_interrupted("evaluate")
             with self.timed("evaluate", WHERE), cpu_threads(THREADS):
                 cpu_target = _load_target(tdir, CPU)
