@@ -376,3 +376,24 @@ def test_draft_kinds_in_any_case_run_once():
     from dflash_cli.options import BenchOptions
 
     assert BenchOptions(draft="NONE,EAGLE3,eagle3,dflash").drafts == ["none", "eagle3", "dflash"]
+
+
+def test_a_reader_gone_before_the_table_costs_no_file_and_no_exit_code(tmp_path):
+    """Before: `dflash bench --json F | head -1` exited 1 without a word (Rich's answer to a closed pipe) before
+    writing F."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f():"}\n')
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, "-m", "dflash_cli", "bench", "--prompts", prompts, "-n", "2", "--draft",
+                              "none", "--device", "cpu", "--json", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=env)
+    child.stdout.close()  # the reader is gone before the table comes
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and err == "", err
+    assert json.loads(out.read_text())["modes"][0]["mode"] == "none"

@@ -72,11 +72,11 @@ def run_bench(o: BenchOptions, console: Console) -> dict:
         rep = run_modes(o, on_progress=lambda mode, i, n: status.update(f"{mode}: {i}/{n}"))
     if threads:
         rep["threads"] = threads
-    print_table(rep, console)
-    if o.json:
+    if o.json:  # the files first: a reader of the table that stops early (| head) does not cost them
         write_json(rep, o.json)
     if o.plot:
         write_plot(rep, o.plot)
+    print_table(rep, console)
     stopped = rep["interrupted"]
     if stopped:
         raise Interrupted(f"interrupted during {stopped['mode']} ({stopped['timed_runs_done']} of "
