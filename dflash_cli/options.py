@@ -100,6 +100,9 @@ class ChatOptions:
             self.model = self.model_option
 
 
+SYNTHETIC_PROMPT_LEN = 128  # bench --synthetic's default prompt: a short chat turn's length
+
+
 @dataclasses.dataclass
 class BenchOptions:
     """Compare plain decoding and drafters on the same prompts."""
@@ -120,7 +123,7 @@ class BenchOptions:
     synthetic: Annotated[bool, typer.Option("--synthetic", help="Random weights with the entry's exact shapes; no download.")] = False
     synthetic_tau: Annotated[Optional[float], typer.Option("--synthetic-tau", help="Force this mean committed length.")] = None
     draft_len: DraftLen = None
-    synthetic_prompt_len: Annotated[int, typer.Option("--synthetic-prompt-len", help="Prompt length (tokens) with --synthetic.")] = 128
+    synthetic_prompt_len: Annotated[Optional[int], typer.Option("--synthetic-prompt-len", help=f"Prompt length (tokens) with --synthetic (default: {SYNTHETIC_PROMPT_LEN}).")] = None
     # Not flags: set by callers (tests, scripts).
     drafts: Optional[list] = None  # parsed --draft; plain decoding first
     seed: int = 0

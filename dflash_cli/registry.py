@@ -22,6 +22,15 @@ def looks_like_repo_id(ref: str) -> bool:
     return bool(_REPO_ID.match(ref))
 
 
+def check_not_a_path(ref: str, flag: str) -> None:
+    """A checkpoint argument that is no folder: a file (a .safetensors, say) or a path that is not there is an error
+    saying so, not a Hub repo id that cannot be reached."""
+    if Path(ref).expanduser().exists():
+        raise DflashError(f"{flag} {ref} is a file: give the folder that holds the checkpoint (config.json, weights)")
+    if ref.startswith((".", "/", "~")) or ref.endswith("/"):  # never a repo id
+        raise DflashError(f"{flag} {ref}: no such folder")
+
+
 def draft_kind(value: str) -> str | None:
     """A --draft value as "none" or a drafter kind whatever its case (EAGLE3 is eagle3); None for anything else."""
     low = value.strip().lower()
@@ -111,6 +120,7 @@ class Registry:
         if Path(model).expanduser().is_dir():
             folder = Path(model).expanduser()
             return trained_run(folder) or ModelEntry(name=folder.name, target=Source(str(folder)))
+        check_not_a_path(model, "--model")
         if looks_like_repo_id(model):
             return ModelEntry(name=model, target=Source(model))
         known = ", ".join(sorted(self.entries)) or "none"

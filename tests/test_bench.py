@@ -179,6 +179,30 @@ def test_bench_bad_input_is_one_line(cli, registry, tmp_path):
     assert r.code == 1 and r.err.startswith("error:")
 
 
+def test_flags_that_cannot_work_are_refused_before_any_run(cli, registry, tmp_path, monkeypatch):
+    """Before: --draft-len above the drafter's block ran clamped in silence (generate refuses it), a --plot suffix
+    matplotlib cannot write failed after the whole bench, --synthetic-prompt-len without --synthetic did nothing, and
+    an empty prompt in --prompts was 'the prompt is empty' without the line."""
+    from dflash_cli.bench import run as bench_run
+
+    monkeypatch.setattr(bench_run, "_run_mode", lambda *a: (_ for _ in ()).throw(AssertionError("bench ran")))
+    prompts = ("--prompts", registry / "prompts.jsonl")
+    for flags, needle in ((["--draft", "none,eagle3", "--draft-len", "99"], "at most"),
+                          (["--plot", tmp_path / "plot.txt"], "cannot write .txt"),
+                          (["--synthetic-prompt-len", "64"], "needs --synthetic")):
+        r = cli("bench", *prompts, *flags)
+        assert r.code == 1 and r.err.startswith("error:") and r.err.count("\n") == 1 and needle in r.err, r.err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"prompt": "def f():"}\n{"prompt": "  "}\n')
+    r = cli("bench", "--prompts", empty)
+    assert r.code == 1 and r.err == f"error: {empty}:2: the prompt is empty\n"
+
+
+def test_draft_len_with_plain_decoding_alone_is_a_warning(cli, registry):
+    r = cli("bench", "--prompts", registry / "prompts.jsonl", "--draft", "none", "--draft-len", "3", "-n", "2")
+    assert r.code == 0 and r.err.startswith("warning: --draft-len 3 is ignored"), r.err
+
+
 def test_timed_runs_reuse_the_warm_up_decoders_and_graphs(registry, tmp_path, monkeypatch):
     """2 prompts × 2 repeats: one decoder (one drafter load, one set of graphs) per mode, and the
     warm-up covers every prompt, so no graph shape is first met inside a timed run. The second
@@ -227,7 +251,7 @@ def test_timed_runs_reuse_the_warm_up_decoders_and_graphs(registry, tmp_path, mo
 
 def test_synthetic_empty_prompt_is_one_error_line(cli, registry):
     r = cli("bench", "--synthetic", "--synthetic-prompt-len", "0", "--max-tokens", "2", "--draft", "dflash")
-    assert r.code == 1 and r.err.startswith("error:") and r.err.count("\n") == 1 and "empty" in r.err, r.err
+    assert r.code == 1 and r.err.startswith("error:") and r.err.count("\n") == 1 and "--synthetic-prompt-len" in r.err, r.err
 
 
 def test_forced_proposals_are_the_sequence_then_one_wrong_token():
@@ -352,3 +376,24 @@ def test_draft_kinds_in_any_case_run_once():
     from dflash_cli.options import BenchOptions
 
     assert BenchOptions(draft="NONE,EAGLE3,eagle3,dflash").drafts == ["none", "eagle3", "dflash"]
+
+
+def test_a_reader_gone_before_the_table_costs_no_file_and_no_exit_code(tmp_path):
+    """Before: `dflash bench --json F | head -1` exited 1 without a word (Rich's answer to a closed pipe) before
+    writing F."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f():"}\n')
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, "-m", "dflash_cli", "bench", "--prompts", prompts, "-n", "2", "--draft",
+                              "none", "--device", "cpu", "--json", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=env)
+    child.stdout.close()  # the reader is gone before the table comes
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and err == "", err
+    assert json.loads(out.read_text())["modes"][0]["mode"] == "none"

@@ -214,6 +214,7 @@ def test_prompt_longer_than_context_fails_before_loading(cli, tmp_path, no_weigh
     (["-p", "hi", "--top-p", "1.5"], "--top-p", 1),
     (["-p", "hi", "--top-p", "0"], "--top-p", 1),
     (["-p", "hi", "--top-k", "-1"], "--top-k", 1),
+    (["-p", "hi", "--top-k", str(2**64)], "--top-k", 1),  # was torch's OverflowError
     (["-p", "hi", "--temperature", "1", "--seed", str(2**64)], "--seed", 1),  # was torch's OverflowError
     (["-p", "hi", "--max-tokens", "0"], "--max-tokens", 1),
     (["-p", "hi", "--max-tokens", "lots"], "--max-tokens", 2),
@@ -452,8 +453,17 @@ def test_threads_default_never_oversubscribes(monkeypatch, tmp_path):
     assert common.set_threads(None, tmp_path, "cpu") == 1  # a small model: one thread is fastest
     monkeypatch.setattr(common, "weights_bytes", lambda folder: 2**33)
     assert 1 <= common.set_threads(None, tmp_path, "cpu") == common.physical_cores() <= len(os.sched_getaffinity(0))
+    monkeypatch.setattr(common, "available_cpus", lambda: 4)
     assert common.set_threads(3, tmp_path, "cpu") == 3
     assert common.set_threads(None, tmp_path, "cuda") is None
+
+
+def test_more_threads_than_cpus_is_one_error_line(gen, monkeypatch):
+    """Before: --threads 100000 crashed torch with a segmentation fault."""
+    from dflash_cli.commands import common
+
+    monkeypatch.setattr(common, "available_cpus", lambda: 2)
+    assert_one_line_error(gen("-p", "hi", "--threads", "100000"), "--threads 100000", "2 CPUs")
 
 
 def test_demo_completes_the_prompt_line_without_a_spurious_newline(cli):

@@ -169,3 +169,49 @@ def test_drafter_checkpoint_errors_say_whose_file_and_stay_short(tiny_model, cli
     (broken / "model.safetensors").write_bytes(os.urandom(4096))
     res = cli("generate", "--model", tiny_model, "--draft", broken, "-p", "hi", "-n", "2")
     assert_one_line_error(res, "cannot read model.safetensors of the DFlash drafter", str(broken))
+
+
+def test_transformers_save_pretrained_folder_generates_as_transformers(tmp_path, cli):
+    """A user's own checkpoint as transformers writes it (sharded, tied head, rope_parameters): the same greedy text."""
+    transformers = pytest.importorskip("transformers")
+    from tiny import make_tokenizer
+
+    d = tmp_path / "mine"
+    d.mkdir()
+    tok = make_tokenizer(d)
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rope_theta=5000.0, tie_word_embeddings=True))
+    model.save_pretrained(d, max_shard_size="100KB")
+    assert len(list(d.glob("*.safetensors"))) > 1
+    ids = tok.encode("def fibonacci").ids
+    want = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False, eos_token_id=None)[0, len(ids):]
+    res = cli("generate", "--model", d, "--raw", "--draft", "none", "-p", "def fibonacci", "-n", "6", "--json")
+    assert res.code == 0, res.err
+    assert res.json()["tokens"] == want.tolist()
+
+
+def test_a_drafter_given_as_the_model_says_so(tiny_model, cli, tmp_path):
+    """Before: a DFlash drafter (model_type qwen3) failed on its missing tokenizer or on its tensors, an EAGLE-3 one
+    on model_type 'llama'; neither said that it was a drafter."""
+    from tiny import make_dflash, make_eagle3, make_tokenizer
+
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    dflash = make_dflash(tmp_path / "dflash", cfg)
+    make_tokenizer(dflash)
+    for drafter, kind in ((dflash, "dflash"), (make_eagle3(tmp_path / "eagle3", cfg), "eagle3")):
+        res = cli("generate", "--model", drafter, "-p", "hi", "-n", "2")
+        assert_one_line_error(res, f"is a drafter ({kind})", f"--draft {drafter}")
+
+
+def test_a_checkpoint_path_that_is_no_folder_says_so(tiny_model, cli, tmp_path):
+    """Before: a .safetensors file or a missing ./folder was looked up as a Hub repo id ('cannot reach the Hub') or
+    as an unknown registry name."""
+    weights = next(tiny_model.glob("*.safetensors"))
+    for flags, needle in ((["--model", weights], "is a file"), (["--model", tmp_path / "gone"], "no such folder"),
+                          (["--model", "./gone"], "no such folder"),
+                          (["--model", tiny_model, "--draft", weights], "is a file"),
+                          (["--model", tiny_model, "--draft", "./gone"], "no such folder")):
+        res = cli("generate", *flags, "-p", "hi", "-n", "2")
+        assert_one_line_error(res, needle)

@@ -206,7 +206,7 @@ def test_bad_requests_get_openai_errors(server, client):
     error(post(server, "/v1/completions", {"prompt": "x"}, key=None), 401, "invalid_api_key")
     for bad in ({"temperature": -1}, {"top_p": 0}, {"max_tokens": 0}, {"n": 2}, {"best_of": 3}, {"stop": 5},
                 {"top_k": "x"},
-                {"prompt": 3}, {"prompt": ["a", "b"]}, {"stream": "yes"}, {"seed": 10**23},  # seed: was a 500
+                {"prompt": 3}, {"prompt": ["a", "b"]}, {"stream": "yes"}, {"seed": 10**23}, {"top_k": 10**23},  # seed: was a 500, top_k: named no param
                 {"ignore_eos": "false"}, {"return_token_ids": 1}, {"stream_options": {"include_usage": "no"}}):
         err = error(post(server, "/v1/completions", {"prompt": "x", **bad}), 400, "invalid_value")
         assert err["param"] == next(iter(bad))

@@ -64,6 +64,16 @@ def require_matplotlib():
     return plt
 
 
+def check_plot_format(path: Path) -> None:
+    """--plot's file type, before the run (matplotlib picks the format by the suffix): one it can write."""
+    plt = require_matplotlib()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    formats = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if suffix and suffix not in formats:  # no suffix: matplotlib writes a PNG
+        raise DflashError(f"--plot {path}: matplotlib cannot write .{suffix} files (use .png, .svg or .pdf)")
+
+
 def write_plot(rep: dict, path: Path) -> None:
     plt = require_matplotlib()
     modes = rep["modes"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from ..options import BenchOptions
+from ..runtime.decoders import check_draft_len
+from ..options import SYNTHETIC_PROMPT_LEN, BenchOptions
 from ..runtime.generation import PlainDecoder, Request, Result, generate
 from ..runtime.graphs import Totals
 from ..runtime.sampling import SamplingParams
@@ -41,6 +42,8 @@ def load_prompts(path: Path | None) -> list[dict]:
             raise DflashError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
             raise DflashError(f'{path}:{n}: each line must be an object with a "prompt" string')
+        if not item["prompt"].strip():
+            raise DflashError(f"{path}:{n}: the prompt is empty")
         out.append({"category": item.get("category", "user"), "prompt": item["prompt"]})
     if not out:
         raise DflashError(f"{path} holds no prompts")
@@ -101,7 +104,8 @@ class BenchTarget:
             self.dtype = pick_dtype(o.dtype, self.device)
             self.model = random_target(entry.name, self.device, self.dtype, seed=o.seed)
             g = torch.Generator().manual_seed(o.seed)
-            self.prompt_ids = [torch.randint(0, self.model.cfg.vocab_size, (o.synthetic_prompt_len,), generator=g).tolist()
+            length = SYNTHETIC_PROMPT_LEN if o.synthetic_prompt_len is None else o.synthetic_prompt_len
+            self.prompt_ids = [torch.randint(0, self.model.cfg.vocab_size, (length,), generator=g).tolist()
                                for _ in self.prompts]
             self.stop_ids: list[int] = []
             self.bundle = None
@@ -125,6 +129,7 @@ class BenchTarget:
         decoder = self._decoders.get(mode)
         if decoder is None:
             decoder = self._decoders[mode] = self._make_decoder(mode)
+            check_draft_len(decoder, self.o.draft_len)  # as generate: more than the drafter proposes is an error
         if (mode != "none" and self.o.synthetic and self.o.synthetic_tau is not None
                 and plain_runs is not None and index is not None):
             seq = self.prompt_ids[index] + plain_runs[index].tokens
@@ -163,6 +168,8 @@ def run_modes(o: BenchOptions, on_progress=None) -> dict:
     if o.synthetic and o.temperature > 0:
         raise DflashError("--synthetic measures greedy steps: use --temperature 0")
     bt = BenchTarget(o)
+    for mode in o.drafts:  # every drafter loads (and is checked) before the first timed run, not after a mode's runs
+        bt.decoder(mode, None, None)
     # At T > 0 top-p / top-k as generate's: the flags, else the model's recommended values (--synthetic is greedy).
     params = (bt.bundle.sampling(o.temperature, o.top_p, o.top_k, o.seed) if bt.bundle is not None
               else SamplingParams(seed=o.seed))

@@ -17,8 +17,16 @@ from ..options import BenchOptions, ChatOptions, GenerateOptions, ServeOptions, 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich's own answer to a reader that stopped early is exit 1, out of the middle of the command: raise, so that
+        the command ends as a print() to a closed pipe does (_quiet_on_closed_pipe: exit 0)."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _console(min_width: int | None = None) -> Console:
-    console = Console(highlight=False)
+    console = _Console(highlight=False)
     if min_width and not console.is_terminal and "COLUMNS" not in os.environ:
         console.width = max(console.width, min_width)  # a table saved to a file should not wrap its columns
     return console

@@ -6,10 +6,10 @@ import math
 
 from rich.console import Console
 
-from ..bench.report import print_table, require_matplotlib, write_json, write_plot
+from ..bench.report import check_plot_format, print_table, write_json, write_plot
 from ..bench.run import BenchOptions, run_modes
 from ..errors import DflashError, Interrupted
-from .common import check_writable, set_threads
+from .common import check_writable, set_threads, warn
 
 __all__ = ["BenchOptions", "run_bench", "synthetic_memory"]
 
@@ -45,15 +45,21 @@ def run_bench(o: BenchOptions, console: Console) -> dict:
         raise DflashError("--synthetic-tau needs --synthetic")
     if o.synthetic_tau is not None and o.synthetic_tau < 1:
         raise DflashError(f"--synthetic-tau is a mean committed length, >= 1 (got {o.synthetic_tau})")
+    if o.synthetic_prompt_len is not None and not o.synthetic:
+        raise DflashError("--synthetic-prompt-len needs --synthetic (real prompts come from --prompts)")
+    if o.synthetic_prompt_len is not None and o.synthetic_prompt_len < 1:
+        raise DflashError(f"--synthetic-prompt-len must be >= 1 (got {o.synthetic_prompt_len})")
     if o.max_tokens < 1 or o.repeat < 1:
         raise DflashError("--max-tokens and --repeat must be >= 1")
     if o.draft_len is not None and o.draft_len < 1:
         raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
+    if o.draft_len is not None and o.drafts == ["none"]:
+        warn(f"--draft-len {o.draft_len} is ignored: plain decoding (--draft none) drafts nothing")
     # Output paths before the run, not after minutes of it.
     check_writable(o.json, "--json")
     check_writable(o.plot, "--plot")
     if o.plot:
-        require_matplotlib()
+        check_plot_format(o.plot)
     if o.synthetic:
         need, device, dtype = synthetic_memory(o)
         line = f"--synthetic: random {dtype} weights of the target need {need / 1e9:.1f} GB of {device} memory (drafters on top)"
@@ -66,11 +72,11 @@ def run_bench(o: BenchOptions, console: Console) -> dict:
         rep = run_modes(o, on_progress=lambda mode, i, n: status.update(f"{mode}: {i}/{n}"))
     if threads:
         rep["threads"] = threads
-    print_table(rep, console)
-    if o.json:
+    if o.json:  # the files first: a reader of the table that stops early (| head) does not cost them
         write_json(rep, o.json)
     if o.plot:
         write_plot(rep, o.plot)
+    print_table(rep, console)
     stopped = rep["interrupted"]
     if stopped:
         raise Interrupted(f"interrupted during {stopped['mode']} ({stopped['timed_runs_done']} of "

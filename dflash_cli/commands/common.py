@@ -81,6 +81,14 @@ def no_thinking(model: str) -> str:
     return f"{model} has no thinking mode (its chat template ignores it)"
 
 
+def available_cpus() -> int:
+    """The logical CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def physical_cores() -> int:
     """Physical cores among the CPUs this process may run on (hyper-threads counted once)."""
     try:
@@ -108,6 +116,9 @@ def set_threads(threads: int | None, bundle_or_folder, device) -> int | None:
 
     if threads is not None and threads < 1:
         raise DflashError(f"--threads must be >= 1 (got {threads})")
+    # More threads than CPUs only makes torch wait on itself, and a great many crash it (100000: a segfault).
+    if threads is not None and threads > (cpus := available_cpus()):
+        raise DflashError(f"--threads {threads} is more than the {cpus} CPU{'s' * (cpus != 1)} this process may run on")
     if threads is None:
         if getattr(device, "type", device) != "cpu":
             return None

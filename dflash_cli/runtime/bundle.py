@@ -98,8 +98,21 @@ def open_bundle(entry: ModelEntry, device: str | None, dtype: str | None) -> Bun
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     target_dir = entry.target.path()
+    refuse_drafter(target_dir, entry.target.name)
     cfg = target_config(target_dir)
     tokenizer = ChatTokenizer(target_dir)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise DflashError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only {cfg.vocab_size} embeddings")
     return Bundle(entry, target_dir, cfg, tokenizer, dev, dt)
+
+
+def refuse_drafter(folder: Path, name: str) -> None:
+    """A drafter checkpoint given as the model is one clear error (its config names Qwen3 too: it would otherwise
+    fail on its tensors or its missing tokenizer)."""
+    from .drafters import drafter_kind
+
+    config = folder / "config.json"
+    kind = drafter_kind(read_json(config, "model config")) if config.is_file() else None
+    if kind:
+        raise DflashError(f"{name} is a drafter ({kind}), not a model to run: give it as --draft {name}, with its "
+                          f"target as --model")

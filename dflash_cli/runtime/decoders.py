@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DflashError
-from ..registry import DRAFT_KINDS, Source, draft_kind, looks_like_repo_id
+from ..registry import DRAFT_KINDS, Source, check_not_a_path, draft_kind, looks_like_repo_id
 from .drafters import detect_kind, load as load_drafter
 from .generation import PlainDecoder
 from .speculative import SpeculativeDecoder
@@ -32,7 +32,9 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
         if src is None:
             raise DflashError(f"model '{bundle.entry.name}' has no {draft} drafter in the registry: "
                               f"pass --draft PATH_OR_REPO, or --draft none")
-    elif Path(draft).expanduser().is_dir() or looks_like_repo_id(draft):
+    elif Path(draft).expanduser().is_dir():
+        src = Source(draft)
+    elif check_not_a_path(draft, "--draft") or looks_like_repo_id(draft):
         src = Source(draft)
     else:
         raise DflashError(f"unknown drafter '{draft}': not a kind ({', '.join(('none',) + DRAFT_KINDS)}), "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..runtime.sampling_ranges import SEED_MAX, SEED_MIN
+from ..runtime.sampling_ranges import SEED_MAX, SEED_MIN, TOP_K_MAX
 
 
 class ApiError(Exception):
@@ -101,7 +101,7 @@ def parse_common(body: dict, max_tokens_key: str = "max_tokens") -> GenParams:
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", float, 0, 2),
         top_p=_number(body, "top_p", float, 0, 1, low_open=True),
-        top_k=_number(body, "top_k", int, -1),
+        top_k=_number(body, "top_k", int, -1, TOP_K_MAX),
         seed=_number(body, "seed", int, SEED_MIN, SEED_MAX),
         stop=stop,
         stream=stream,

@@ -32,9 +32,8 @@ def load(kind: str, path: Path, target):
     return proposer(kind, getattr(import_module(f"...models.{module}", __name__), network).load(path, target))
 
 
-def detect_kind(path: Path) -> str:
-    """Tell a drafter's kind from its config.json."""
-    raw = read_json(path / "config.json", "drafter config")
+def drafter_kind(raw: dict) -> str | None:
+    """A drafter's kind from its config.json's contents; None for anything else (a target model's)."""
     arch = " ".join(raw.get("architectures") or []).lower()
     if is_dflash2(raw) or raw.get("speculators_model_type") == "dflash2":  # z-lab's layout or speculators'
         return "dflash2"
@@ -42,4 +41,13 @@ def detect_kind(path: Path) -> str:
         return "dflash"
     if "eagle" in arch or "eagle_config" in raw or "draft_vocab_size" in raw:
         return "eagle3"
+    return None
+
+
+def detect_kind(path: Path) -> str:
+    """Tell a drafter's kind from its config.json."""
+    raw = read_json(path / "config.json", "drafter config")
+    if kind := drafter_kind(raw):
+        return kind
+    arch = " ".join(raw.get("architectures") or []).lower()
     raise DflashError(f"{path} does not look like a DFlash, DFlash 2 or EAGLE-3 drafter (architectures: {arch or 'none'})")
