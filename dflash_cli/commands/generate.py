@@ -106,6 +106,7 @@ def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
             "text": tok.decode(visible),
             "tokens": result.tokens,
             "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": len(result.tokens),  # as `generate --url --json`, which has no ids
             "finish_reason": reason,
             "stats": stats,
         }, ensure_ascii=False))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import DflashError
 from ..remote.client import Remote
-from ..remote.stats import footer, stats
+from ..remote.stats import footer, json_stats, stats
 
 
 def _sampling(o) -> dict:
@@ -62,7 +62,7 @@ def remote_generate(o, console) -> None:
     if o.json:
         print(json.dumps({"text": reply["text"], "prompt_tokens": usage.get("prompt_tokens"),
                           "completion_tokens": usage.get("completion_tokens"), "finish_reason": reply["finish_reason"],
-                          "stats": st}, ensure_ascii=False))
+                          "stats": json_stats(st)}, ensure_ascii=False))
     else:
         print(footer(st, usage.get("completion_tokens")), file=sys.stderr)
 

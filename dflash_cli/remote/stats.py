@@ -59,6 +59,18 @@ def stats(reply: dict, before: dict | None, after: dict | None) -> dict:
     return out
 
 
+# The remote names of what local `generate --json` reports too, and the local names (ui/stream.JSON_NAMES), so that a
+# script reads one `stats` whether the answer came from the engine here or from --url.
+LOCAL_NAMES = {"tau": "tau_tokens_per_step", "accepted_length_histogram": "accepted_drafts_hist",
+               "acceptance_by_position": "accept_rate_by_position", "draft": "draft_kind",
+               "decode_tokens_per_s": "decode_tok_per_s"}
+
+
+def json_stats(st: dict) -> dict:
+    """`stats` as `generate --url --json` prints it: the local --json's names where they mean the same."""
+    return {LOCAL_NAMES.get(k, k): v for k, v in st.items()}
+
+
 def footer(st: dict, n_tokens: int | None) -> str:
     parts = [f"{n_tokens} tok"] if n_tokens is not None else []
     if "decode_tokens_per_s" in st:
