@@ -49,6 +49,7 @@ class GenerateOptions:
     top_p: TopP = None
     top_k: TopK = None
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Longest answer in tokens; an answer also ends where the context is full (finish reason 'context').")] = 512
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", metavar="<text>", help="End the answer where this text appears, which is not printed (repeatable).")] = None
     seed: Seed = None
     context: Annotated[Optional[int], typer.Option("--context", help="KV cache size in tokens: prompt and answer together (default: the model's context).")] = None
     device: Device = None

@@ -515,3 +515,34 @@ def test_a_reader_that_stops_early_ends_generate_quietly():
     child.stdout.close()
     err = child.stderr.read().decode()
     assert child.wait(timeout=120) == 0 and err == "", err  # no traceback, no 'Exception ignored'
+
+
+LICENCE = "# Licensed under the Apache License"
+
+
+@pytest.mark.parametrize("draft", ["none", "dflash"])
+def test_stop_ends_the_answer_before_its_text(cli, draft):
+    """--stop: the answer is cut where the first stop text appears (not shown), whatever the speculative step wrote
+    after it; in a pipe, in --json (text, tokens through the one that completed it, finish reason stop)."""
+    args = ("generate", "--raw", "-p", LICENCE, "-n", "40", "--temperature", "0", "--draft", draft)
+    full = cli(*args, "--json").json()
+    assert "(the" in full["text"] and full["finish_reason"] == "length"
+    cut = full["text"].index("(the")
+    res = cli(*args, "--stop", "(the", "--stop", "never there")
+    assert res.code == 0 and res.out == full["text"][:cut] + "\n", res.out
+    got = cli(*args, "--stop", "(the", "--json").json()
+    assert got["text"] == full["text"][:cut] and got["finish_reason"] == "stop"
+    n = len(got["tokens"])
+    assert got["tokens"] == full["tokens"][:n] and got["completion_tokens"] == n
+    from dflash_cli.registry import Registry
+    from dflash_cli.runtime.bundle import open_bundle
+
+    tok = open_bundle(Registry.load().resolve("demo"), "cpu", None).tokenizer
+    assert "(the" in tok.decode(got["tokens"]) and "(the" not in tok.decode(got["tokens"][:-1])
+    nothing = cli(*args, "--stop", "never there", "--json").json()
+    assert nothing["text"] == full["text"] and nothing["finish_reason"] == "length"
+
+
+def test_stop_needs_a_text(cli):
+    res = cli("generate", "--model", "demo", "-p", "x", "--stop", "")
+    assert res.code == 1 and res.err.strip() == "error: --stop needs a text (got an empty one)"

@@ -43,6 +43,10 @@ def test_generate_url_matches_the_local_engine(cli, server):
     streamed = ok(cli("generate", "--url", f"{server.url}/v1", "--api-key", KEY, "--raw", *args))
     assert streamed.out == want["text"] + "\n"
     assert "20 tok" in streamed.err and "τ" in streamed.err and "ttft" in streamed.err
+    stop = want["text"][5:9]  # --stop goes to the server as `stop`: the same cut as here
+    cut = ok(cli("generate", "--url", server.url, "--api-key", KEY, "--raw", "--json", "--stop", stop, *args)).json()
+    assert cut["text"] == ok(cli("generate", "--model", "demo", "--raw", "--json", "--stop", stop, *args)).json()["text"]
+    assert cut["text"] == want["text"][: want["text"].index(stop)] and cut["finish_reason"] == "stop"
     chat = ok(cli("generate", "--url", server.url, "--api-key", KEY, "--json", "--model", "demo", *args)).json()
     local_chat = ok(cli("generate", "--model", "demo", "--json", *args)).json()
     assert chat["text"] == local_chat["text"]

@@ -190,3 +190,15 @@ def test_ctrl_c_stops_a_chat_answer_and_the_chat_goes_on(term):
     assert rate > 0
     t.send("\x04")
     assert t.wait_exit(30) == 0
+
+
+def test_generate_stop_on_a_terminal_shows_the_answer_up_to_its_text(cli, term):
+    args = ("generate", "--raw", "-p", "# Licensed under the Apache License", "-n", "60", *DEMO)
+    full = cli(*args, "--json").json()["text"]
+    stop = "You may"
+    assert stop in full
+    t = term(*args, "--stop", stop)
+    assert t.wait_exit(120) == 0
+    text = t.text()
+    assert stop not in text and full[: full.index(stop)].strip().splitlines()[-1].strip() in text, text
+    assert FOOTER.search(text), text

@@ -51,6 +51,8 @@ def check_generate(o) -> str:
     if o.raw and o.system:
         raise DflashError("--system needs the chat template; drop --raw")
     check_writable(o.trace, "--trace")
+    if any(not stop for stop in o.stop or ()):
+        raise DflashError("--stop needs a text (got an empty one)")
     return text
 
 
@@ -149,11 +151,13 @@ def check_writable(path: Path | None, flag: str) -> None:
         p.unlink(missing_ok=True)
 
 
-def finish_reason(result, guard=None) -> str:
-    """Why an answer ended: stop (a stop token), length (max tokens), context (the cache is full),
-    interrupted (Ctrl-C) or repetition (the repetition guard)."""
+def finish_reason(result, guard=None, stop=None) -> str:
+    """Why an answer ended: stop (a stop token, or a --stop text: `stop`), length (max tokens), context (the cache is
+    full), interrupted (Ctrl-C) or repetition (the repetition guard)."""
     if guard is not None and guard.tripped:
         return "repetition"
+    if stop is not None and stop.tripped:
+        return "stop"
     if result.interrupted:
         return "interrupted"
     if result.context_full:
@@ -195,6 +199,43 @@ class RepetitionGuard:
             if all(tail[i] == tail[i - period] for i in range(period, span)):
                 return True
         return False
+
+
+class StopSequence(KeyboardInterrupt):
+    """Raised by `StopTexts.check` inside a step callback: the answer ends as for Ctrl-C (tokens kept, session
+    consistent); `finish_reason` then says stop."""
+
+
+class StopTexts:
+    """--stop: the answer's text up to the first of these texts, which is not shown (serve's `stop` alike,
+    runtime/stop_text.py). `on_step` takes a step's tokens before the view shows them; the view shows `take()`;
+    `check` then ends the generation once a text appeared. Without texts, nothing."""
+
+    def __init__(self, tokenizer, texts):
+        from ..runtime.stop_text import StopText
+
+        self.stop_ids = set(tokenizer.stop_ids)
+        self.text = StopText(tokenizer.decode, list(texts)) if texts else None
+        self.tripped = False
+        self._shown = ""
+
+    def on_step(self, step) -> None:
+        if self.text is not None:
+            self._shown += self.text.push([t for t in step.emitted if t not in self.stop_ids])
+
+    def take(self) -> str:
+        """The text that is certain since the last call (no possible start of a stop text held back)."""
+        piece, self._shown = self._shown, ""
+        return piece
+
+    def finish(self) -> str:
+        """What was held back, once the answer has ended."""
+        return self.take() + self.text.finish()
+
+    def check(self, step) -> None:
+        if self.text is not None and self.text.hit:
+            self.tripped = True
+            raise StopSequence()
 
 
 def tee(*fns):

@@ -17,7 +17,7 @@ from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
 from ..ui.stream import StreamView, footer_lines, json_stats, prompt_echo
-from .common import (RepetitionGuard, StartupClock, capture_graphs, check_generate, finish_reason,
+from .common import (RepetitionGuard, StartupClock, StopTexts, capture_graphs, check_generate, finish_reason,
                      has_thinking, no_thinking, set_threads, tee, warn)
 
 __all__ = ["GenerateOptions", "run_generate"]
@@ -56,6 +56,7 @@ def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
     set_threads(o.threads, bundle, bundle.device)
     trace = _open_trace(o.trace)  # early: a bad path fails before the weights load
     guard = RepetitionGuard(o.repeat_guard)
+    stop = StopTexts(tok, o.stop)
     try:
         decoder = make_decoder(bundle, o.draft, o.draft_len)
         if unused := unused_draft_len(decoder, o.draft_len):
@@ -76,21 +77,21 @@ def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
             decoder = forced_generate(session, decoder, ids, o.max_tokens, forced)
             clock.mark("forced_pre_run")
         req = Request(prompt_ids=ids, params=params, max_tokens=o.max_tokens, stop_ids=tok.stop_ids)
-        on_step = tee(guard.on_step, _tracer(trace))
+        on_step = tee(guard.on_step, _tracer(trace), stop.check)
         if status is not None:
             status.stop()
         if o.json:
-            result = generate(session, decoder, req, on_step=on_step)
+            result = generate(session, decoder, req, on_step=tee(stop.on_step, on_step))
         else:
             # On a terminal the prompt shows first, dimmed (a pipe gets only the answer: StreamView's plain mode)
             with StreamView(console, tok, tok.stop_ids, show_drafts=o.show_drafts,
-                            echo=prompt_echo(text, continues)) as view:
-                result = generate(session, decoder, req, on_step=tee(view.on_step, on_step))
-                view.finish_reason = finish_reason(result, guard)
+                            echo=prompt_echo(text, continues), text=stop if o.stop else None) as view:
+                result = generate(session, decoder, req, on_step=tee(stop.on_step, view.on_step, on_step))
+                view.finish_reason = finish_reason(result, guard, stop)
     finally:
         if trace:
             trace.close()
-    reason = finish_reason(result, guard)
+    reason = finish_reason(result, guard, stop)
     if reason == "repetition" and console.is_terminal and not o.json:
         console.print("[stopped: the answer was repeating itself; --no-repeat-guard to allow it]", style="dim",
                       markup=False, highlight=False)
@@ -101,12 +102,13 @@ def run_generate(o: GenerateOptions, console: Console, status=None) -> None:
     if forced is not None:
         stats.update(forced_tau=forced)  # not a drafter's acceptance: the greedy text forced into its drafts
     if o.json:
-        visible = [t for t in result.tokens if t not in set(tok.stop_ids)]
+        tokens = result.tokens if stop.text is None else stop.text.tokens_through(result.tokens, stop.stop_ids)
+        visible = [t for t in tokens if t not in set(tok.stop_ids)]
         print(json.dumps({
-            "text": tok.decode(visible),
-            "tokens": result.tokens,
+            "text": tok.decode(visible) if stop.text is None else stop.text.text,
+            "tokens": tokens,
             "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": len(result.tokens),  # as `generate --url --json`, which has no ids
+            "completion_tokens": len(tokens),  # as `generate --url --json`, which has no ids
             "finish_reason": reason,
             "stats": stats,
         }, ensure_ascii=False))

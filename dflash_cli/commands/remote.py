@@ -38,6 +38,8 @@ def remote_generate(o, console) -> None:
         raise DflashError("--system needs the chat template; drop --raw")
     remote = Remote(o.url, o.api_key, o.model)
     body = _sampling(o)
+    if o.stop:
+        body["stop"] = list(o.stop)  # the server cuts the answer there (OpenAI's `stop`)
     if o.raw:
         path, body["prompt"] = "/v1/completions", text
         body.pop("chat_template_kwargs", None)

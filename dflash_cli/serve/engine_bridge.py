@@ -17,11 +17,11 @@ from ..runtime.decoders import check_draft_len, make_decoder
 from ..runtime.generation import Request, generate
 from ..runtime.sampling import SamplingParams
 from ..runtime.session import Session
+from ..runtime.stop_text import StopText
 from ..runtime.warmup import prepare
 from ..errors import DflashError
 from ..runtime.bundle import open_bundle
 from ..registry import Registry
-from .stops import StopText
 
 CPU_DEFAULT_CONTEXT = 4096
 
@@ -130,7 +130,7 @@ class Engine:
             finish = "stop"
         else:
             finish = "length"
-        tokens = _through_stop(result.tokens, stop_ids, text.used) if text.hit else result.tokens
+        tokens = text.tokens_through(result.tokens, stop_ids)
         return Outcome(text=text.text, tokens=tokens, completion_tokens=len(tokens),
                        prompt_tokens=len(job.prompt_ids), cached_tokens=cached, finish_reason=finish,
                        steps=result.steps, stats=self._stats(result, fed, cached))
@@ -175,13 +175,3 @@ class Engine:
     def _forget(self) -> None:
         self.session.reset()  # the next prefill starts the drafter afresh too
         self.history = []
-
-
-def _through_stop(tokens: list[int], stop_ids: set[int], visible: int) -> list[int]:
-    """The generated ids up to the one that completed a stop sequence (`visible` ids of text, stop ids not counted)."""
-    seen = 0
-    for i, t in enumerate(tokens):
-        seen += t not in stop_ids
-        if seen == visible:
-            return tokens[: i + 1]
-    return tokens

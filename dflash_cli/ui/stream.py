@@ -37,8 +37,11 @@ class StreamView:
     """
 
     def __init__(self, console: Console, tokenizer, stop_ids, show_drafts: bool = False, live: bool | None = None,
-                 echo: Text | None = None):
+                 echo: Text | None = None, text=None):
         self.console = console
+        # text: where the shown text comes from instead of decoding each step here: an object with take() (the text
+        # new since the last call) and finish() (the rest at the end), fed the steps before this view (--stop's)
+        self.text = text
         self.echo = echo  # shown before the answer in live mode (the prompt: `prompt_echo`)
         self.live_mode = console.is_terminal if live is None else live
         self.decoder = StreamDecoder(tokenizer)
@@ -69,7 +72,7 @@ class StreamView:
         return self
 
     def __exit__(self, *exc):
-        self._emit(self.decoder.flush(), None)
+        self._emit(self.decoder.flush() if self.text is None else self.text.finish(), None)
         if self._live is not None:
             tail, self.tail = self.tail, Text()
             self._live.__exit__(*exc)
@@ -91,7 +94,10 @@ class StreamView:
         self.t_last = now
         self.n_tokens += len(step.emitted)
         visible = [t for t in step.emitted if t not in self.stop_ids]
-        if self.show_drafts and step.accepted:
+        if self.text is not None:  # a whole piece, without the drafts' colour
+            self._emit(self.text.take(), None)
+            visible = []
+        elif self.show_drafts and step.accepted:
             self._emit(self.decoder.push(visible[: step.accepted]), DRAFT_STYLE)
             visible = visible[step.accepted :]
         self._emit(self.decoder.push(visible), None)

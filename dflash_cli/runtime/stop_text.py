@@ -39,6 +39,18 @@ class StopText:
         safe = len(text.rstrip("\ufffd")) - self.hold  # a broken UTF-8 tail may still complete
         return self._take(max(safe, self.sent))
 
+    def tokens_through(self, tokens: list[int], stop_ids) -> list[int]:
+        """A generation's ids (stop tokens included) up to the one that completed the stop sequence; all of them
+        where none appeared (`used` counts visible ids, the stop tokens left out)."""
+        if not self.hit:
+            return tokens
+        seen = 0
+        for i, t in enumerate(tokens):
+            seen += t not in stop_ids
+            if seen == self.used:
+                return tokens[: i + 1]
+        return tokens
+
     def finish(self) -> str:
         """Whatever was held back, once the generation has ended."""
         return self._take(len(self.text))
