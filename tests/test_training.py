@@ -468,6 +468,21 @@ def test_a_second_run_in_the_same_folder_is_refused_while_the_first_runs(cli, tm
         pass
 
 
+def test_a_folder_on_a_filesystem_without_locks_still_trains(monkeypatch, tmp_path):
+    """Lustre without its flock option answers ENOSYS: the run goes on without the lock (it crashed on an OSError)."""
+    import errno
+    import fcntl
+
+    def no_locks(f, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    ran = False
+    with pipeline.only_run(tmp_path / "run"):
+        ran = True
+    assert ran
+
+
 def test_ctrl_c_outside_a_training_loop_says_how_to_resume(cli, fake_run, monkeypatch, tmp_path):
     """The data stage, the block choice and the evaluation stop at once on Ctrl-C; the run said only 'interrupted'."""
     def interrupted(*args):

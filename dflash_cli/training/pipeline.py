@@ -313,6 +313,8 @@ def only_run(out: Path):
         except BlockingIOError:
             raise DflashError(f"another dflash train is running in {out}: wait for it to end (or stop it), or train "
                               f"into another folder") from None
+        except OSError:  # a filesystem without locks (Lustre mounted without flock, some FUSE ones: ENOSYS): no lock
+            pass
         yield
 
 
