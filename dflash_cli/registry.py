@@ -139,6 +139,7 @@ def trained_run(folder: Path) -> ModelEntry | None:
         preset = json.loads((folder / "training_info.json").read_text()).get("preset", {})
     except (OSError, ValueError, AttributeError):
         preset = {}
+    preset = preset if isinstance(preset, dict) else {}
     drafters = {k: Source(str(folder / k)) for k in ("dflash", "eagle3") if (folder / k / "model.safetensors").is_file()}
     return ModelEntry(name=folder.name, target=Source(str(folder / "target")), drafters=drafters,
                       draft_len=preset.get("draft_len") if isinstance(preset.get("draft_len"), int) else None,
