@@ -54,7 +54,9 @@ def run_bench(o: BenchOptions, console: Console) -> dict:
     if o.draft_len is not None and o.draft_len < 1:
         raise DflashError(f"--draft-len must be >= 1 (got {o.draft_len})")
     if o.draft_len is not None and o.drafts == ["none"]:
-        warn(f"--draft-len {o.draft_len} is ignored: plain decoding (--draft none) drafts nothing")
+        from ..runtime.decoders import draft_len_ignored
+
+        warn(draft_len_ignored(o.draft_len))
     # Output paths before the run, not after minutes of it.
     check_writable(o.json, "--json")
     check_writable(o.plot, "--plot")

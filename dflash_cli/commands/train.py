@@ -27,7 +27,7 @@ def run_train(o: TrainOptions, console: Console) -> dict:
         raise DflashError(f"--time-limit must be >= 0 seconds (got {o.time_limit})")
     if not -SEED_LIMIT <= o.seed <= SEED_LIMIT:
         raise DflashError(f"--seed must be between {-SEED_LIMIT} and {SEED_LIMIT} (got {o.seed})")
-    stages = _stages(o.stages, pipeline.STAGES)
+    stages = _stages(o.stages)
     device = pick_device(o.device)
     _check_out(o.out)
     # Before the output folder exists: a typo must not leave a run that blocks the next one.
@@ -86,16 +86,10 @@ def run_train(o: TrainOptions, console: Console) -> dict:
     return info
 
 
-def _stages(flag: str | None, known: tuple[str, ...]) -> tuple[str, ...]:
-    if flag is None:
-        return known
-    stages = tuple(s.strip() for s in flag.split(",") if s.strip())
-    if not stages:
-        raise DflashError(f"--stages names no stage (stages: {','.join(known)})")
-    unknown = sorted(set(stages) - set(known))
-    if unknown:
-        raise DflashError(f"unknown stage(s) {', '.join(unknown)} (stages: {','.join(known)})")
-    return stages
+def _stages(flag: str | None) -> tuple[str, ...]:
+    from ..training.pipeline import STAGES, check_stages
+
+    return STAGES if flag is None else check_stages(s.strip() for s in flag.split(",") if s.strip())
 
 
 def _check_out(out: Path) -> None:

@@ -32,13 +32,13 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
         if src is None:
             raise DflashError(f"model '{bundle.entry.name}' has no {draft} drafter in the registry: "
                               f"pass --draft PATH_OR_REPO, or --draft none")
-    elif Path(draft).expanduser().is_dir():
-        src = Source(draft)
-    elif check_not_a_path(draft, "--draft") or looks_like_repo_id(draft):
-        src = Source(draft)
     else:
-        raise DflashError(f"unknown drafter '{draft}': not a kind ({', '.join(('none',) + DRAFT_KINDS)}), "
-                          f"a drafter folder or a Hub repo id (owner/name)")
+        if not Path(draft).expanduser().is_dir():
+            check_not_a_path(draft, "--draft")
+            if not looks_like_repo_id(draft):
+                raise DflashError(f"unknown drafter '{draft}': not a kind ({', '.join(('none',) + DRAFT_KINDS)}), "
+                                  f"a drafter folder or a Hub repo id (owner/name)")
+        src = Source(draft)
     path = src.path()
     kind = detect_kind(path)
     if draft in DRAFT_KINDS and kind != draft:
@@ -64,6 +64,11 @@ def unused_draft_len(decoder, draft_len: int | None) -> str | None:
     """The warning for --draft-len with plain decoding (it drafts nothing), or None."""
     if draft_len is None or getattr(decoder, "proposer", None) is not None:
         return None
+    return draft_len_ignored(draft_len)
+
+
+def draft_len_ignored(draft_len: int) -> str:
+    """The warning for a --draft-len that plain decoding alone would get (bench's `--draft none`, before loading)."""
     return f"--draft-len {draft_len} is ignored: plain decoding (--draft none) drafts nothing"
 
 

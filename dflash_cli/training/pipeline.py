@@ -46,10 +46,8 @@ def train_demo(out: Path, preset: presets.Preset, roots: list[Path], device: tor
     Ctrl-C in a training loop or the distillation does the same at once."""
     out = Path(out)
     asked = stages is not None
-    stages = STAGES if stages is None else stages
-    unknown = set(stages) - set(STAGES)
-    if unknown:
-        raise DflashError(f"unknown stage(s) {', '.join(sorted(unknown))} (stages: {', '.join(STAGES)})")
+    stages = STAGES if stages is None else check_stages(stages)
+    check_inputs(out, stages)
     with only_run(out), ops.reference_only():  # the fused Triton kernels have no backward
         run = _Run(out, out / "work", preset, roots, device, seed, report, note, stages, Stop(time_limit))
         run.evaluate_again = asked
@@ -127,9 +125,7 @@ class _Run:
             info["data"] = corpora[data.digest] = {
                 "roots": [str(r) for r in self.roots], "files": data.files, "bytes": data.bytes,
                 "held_out_files": len(data.held_out), "digest": data.digest}
-            if not (tdir / "tokenizer.json").is_file():
-                if "tokenizer" not in stages:
-                    raise DflashError(f"{tdir} has no tokenizer: run the tokenizer stage first")
+            if not (tdir / "tokenizer.json").is_file():  # the tokenizer stage is asked for: check_inputs
                 note(f"tokenizer: byte-level BPE, {p.vocab_size} tokens, from {data.files} files "
                      f"({data.bytes / 1e6:.1f} MB)")
                 bpe.train(data.train, p.vocab_size, tdir)
@@ -316,6 +312,17 @@ def only_run(out: Path):
         except OSError:  # a filesystem without locks (Lustre mounted without flock, some FUSE ones: ENOSYS): no lock
             pass
         yield
+
+
+def check_stages(stages) -> tuple[str, ...]:
+    """Stage names as given, in the pipeline's names (an error lists them)."""
+    stages = tuple(stages)
+    if not stages:
+        raise DflashError(f"--stages names no stage (stages: {','.join(STAGES)})")
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        raise DflashError(f"unknown stage(s) {', '.join(unknown)} (stages: {','.join(STAGES)})")
+    return stages
 
 
 def check_inputs(out: Path, stages) -> None:
