@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -43,10 +44,30 @@ def cached_snapshot(repo: str, revision: str | None = None) -> Path | None:
         return None
     except Exception:  # a missing file inside a partial snapshot raises other hub errors
         return None
-    if not (path / "config.json").is_file():
+    if missing(path):
         return None
     _confirm(path)
     return path
+
+
+def missing(snapshot: Path) -> str | None:
+    """What a snapshot lacks to run (its config, the shards its index lists, any weights), or None. huggingface_hub
+    checks a cached snapshot only against the file list it saved while downloading, which older versions do not save
+    (nor do single-file downloads): a pull interrupted there leaves a snapshot the hub returns as whole."""
+    if not (snapshot / "config.json").is_file():
+        return "config.json"
+    try:
+        shards = set(json.loads((snapshot / "model.safetensors.index.json").read_text())["weight_map"].values())
+    except FileNotFoundError:
+        shards = None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # a corrupt index: the loader says so, with its path
+    if shards is not None:
+        absent = sorted(s for s in shards if not (snapshot / s).is_file())
+        return ", ".join(absent[:2]) + (f" and {len(absent) - 2} more" if len(absent) > 2 else "") if absent else None
+    if any(snapshot.glob("*.safetensors")) or (snapshot / LEGACY_WEIGHTS).is_file():
+        return None
+    return "its weights (*.safetensors or pytorch_model.bin)"
 
 
 def _marker(snapshot: Path) -> Path:
@@ -74,7 +95,8 @@ def _confirm(snapshot: Path) -> None:
 
 def _confirmed(repo: str, revision: str | None) -> Path | None:
     """The snapshot of `repo` at `revision` that `_confirm` recorded, where `revision` still resolves to it as the hub
-    resolves it (a commit, else refs/<revision>) and every file it had then is still there; else None."""
+    resolves it (a commit, else refs/<revision>), every file it had then is still there and none it needs is missing
+    (an earlier dflash recorded partial snapshots); else None."""
     from huggingface_hub import constants  # the cache folder as the hub reads it from the environment (1 ms)
 
     try:
@@ -83,7 +105,7 @@ def _confirmed(repo: str, revision: str | None) -> Path | None:
         commit = revision if re.fullmatch(r"[0-9a-f]{40}", revision) else (storage / "refs" / revision).read_text()
         snapshot = storage / "snapshots" / commit
         files = _marker(snapshot).read_text(encoding="utf-8").split("\n")
-        return snapshot if all((snapshot / f).is_file() for f in files) else None
+        return snapshot if all((snapshot / f).is_file() for f in files) and not missing(snapshot) else None
     except Exception:  # no record, or anything unexpected: huggingface_hub decides
         return None
 
@@ -108,7 +130,6 @@ def download(repo: str, revision: str | None = None, progress: bool = True, or_e
         path = Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
         if not any(path.glob("*.safetensors")):
             path = Path(snapshot_download(repo, revision=revision, allow_patterns=[LEGACY_WEIGHTS]))
-        return path
     except GatedRepoError:
         raise DflashError(f"{repo} is gated: accept its licence on the Hub and log in (`hf auth login`)") from None
     except RepositoryNotFoundError:
@@ -122,6 +143,11 @@ def download(repo: str, revision: str | None = None, progress: bool = True, or_e
                           f"connection and try again{or_else}") from None
     except OSError as exc:
         raise DflashError(f"download of {repo} failed: {exc}") from None
+    lacking = missing(path)
+    if lacking:  # the Hub unreachable and an older partial download in the cache, or a repo without such weights
+        raise DflashError(f"{repo} is incomplete in {path}: no {lacking} (run the download again with the Hub "
+                          f"reachable)")
+    return path
 
 
 def size_on_disk(path: Path) -> int:

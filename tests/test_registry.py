@@ -177,6 +177,27 @@ def test_hub_cache_is_found_offline(tmp_path, monkeypatch, hub_cache, tiny_model
     assert_one_line_error(cli("generate", "--model", "Org/Partial", "-p", "hi"), "Org/Partial", "not downloaded")
 
 
+def test_a_snapshot_without_its_weights_is_not_downloaded(tmp_path, monkeypatch, hub_cache, tiny_model, cli):
+    """An interrupted pull where huggingface_hub kept no file list (older versions, single-file downloads): the hub
+    returns the snapshot as whole; its config without the weights it lists is still not downloaded."""
+    import huggingface_hub
+    from dflash_cli import hub
+
+    shard = "model-00002-of-00002.safetensors"
+    partial = fake_cached(hub_cache, "Org/Half", tiny_model, files={f.name for f in tiny_model.iterdir()} - {shard})
+    fake_cached(hub_cache, "Org/NoWeights", tiny_model, files={"config.json", "tokenizer.json"})
+    registry(tmp_path, monkeypatch, '[models.half]\ntarget = "Org/Half"\n[models.none]\ntarget = "Org/NoWeights"\n')
+    hub._confirm(partial)  # as an earlier dflash recorded it
+    rows = {line.split("\t")[0]: line for line in cli("models").out.splitlines()}
+    assert "✓" not in rows["half"] and "✓" not in rows["none"]
+    assert_one_line_error(cli("generate", "-m", "half", "-p", "hi"), "Org/Half", "not downloaded", "dflash pull")
+
+    # The Hub unreachable: huggingface_hub falls back to the partial snapshot, which pull does not call done.
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **kw: str(partial))
+    assert_one_line_error(cli("pull", "half"), "Org/Half", "incomplete", shard, "again")
+
+
 def test_pull_offline_is_one_error_line(cli):
     res = cli("pull", "qwen3-4b")
     assert_one_line_error(res, "Qwen/Qwen3-4B", "HF_HUB_OFFLINE")
@@ -202,6 +223,8 @@ def fake_download(tmp_path, monkeypatch):
         (out / "config.json").write_text("{}" * 100)
         if "legacy" not in repo_id and allow_patterns != ["pytorch_model.bin"]:
             (out / "model.safetensors").write_bytes(b"")
+        if allow_patterns == ["pytorch_model.bin"]:
+            (out / "pytorch_model.bin").write_bytes(b"")
         return str(out)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
