@@ -271,6 +271,28 @@ def test_pull_skips_local_entries(tmp_path, monkeypatch, tiny_model, fake_downlo
     assert [repo for repo, _ in fake_download] == ["Org/D"]
 
 
+def test_pull_goes_on_past_a_drafter_that_fails(fake_download, monkeypatch, cli):
+    """A drafter that fails (its repo gone, gated, the connection lost) does not keep the drafters after it from
+    downloading: one error line at the end names it; a path is never broken across lines in piped output."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    recorder = huggingface_hub.snapshot_download
+
+    def dflash2_gone(repo_id, **kw):
+        if "dflash2" in repo_id:
+            raise LocalEntryNotFoundError("connection reset")
+        return recorder(repo_id, **kw)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", dflash2_gone)
+    res = cli("pull", "qwen3-4b")
+    assert_one_line_error(res, "could not download dflash2 (RedHatAI/Qwen3-4B-speculator.dflash2)")
+    assert [repo for repo, _ in fake_download] == ["Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16",
+                                                   "AngelSlim/Qwen3-4B_eagle3"]
+    assert "✗ cannot reach the Hub to download RedHatAI/Qwen3-4B-speculator.dflash2" in res.out
+    assert res.out.count("✓ ") == 3 and all(line.endswith(" B)") for line in res.out.splitlines() if "✓" in line)
+
+
 def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
