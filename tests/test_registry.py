@@ -293,6 +293,17 @@ def test_pull_goes_on_past_a_drafter_that_fails(fake_download, monkeypatch, cli)
     assert res.out.count("✓ ") == 3 and all(line.endswith(" B)") for line in res.out.splitlines() if "✓" in line)
 
 
+def test_pull_offline_of_what_is_downloaded_is_done(hub_cache, tiny_model, tmp_path, monkeypatch, cli):
+    snap = fake_cached(hub_cache, "Org/Tiny", tiny_model)
+    registry(tmp_path, monkeypatch, '[models.t]\ntarget = "Org/Tiny"\ndrafters = { dflash = "Org/D" }\n')
+    res = cli("pull", "t", "--no-drafters")
+    assert res.code == 0, res.err
+    assert f"✓ {snap.resolve()}" in res.out
+    res = cli("pull", "t")
+    assert_one_line_error(res, "could not download dflash (Org/D)")
+    assert "✗ cannot download Org/D: HF_HUB_OFFLINE is set" in res.out
+
+
 def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError

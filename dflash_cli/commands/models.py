@@ -59,7 +59,8 @@ def list_models(console: Console) -> None:
 
 
 def pull(model: str | None, drafters: bool, console: Console) -> None:
-    """Each checkpoint in turn: a drafter that fails (a repo gone or gated) does not keep the others from downloading."""
+    """Each checkpoint in turn: a drafter that fails (a repo gone or gated) does not keep the others from downloading;
+    offline, what is already downloaded is done."""
     entry = Registry.load().resolve(model)
     sources = [("target", entry.target)] + ([(k, s) for k, s in entry.drafters.items()] if drafters else [])
     failed = []
@@ -69,7 +70,7 @@ def pull(model: str | None, drafters: bool, console: Console) -> None:
             continue
         console.print(f"{role}: {src.ref}", soft_wrap=True)
         try:
-            path = hub.download(src.ref, src.revision)
+            path = (hub.offline() and src.cached()) or hub.download(src.ref, src.revision)
         except DflashError as exc:
             if role == "target":
                 raise
