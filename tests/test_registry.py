@@ -304,6 +304,23 @@ def test_pull_offline_of_what_is_downloaded_is_done(hub_cache, tiny_model, tmp_p
     assert "✗ cannot download Org/D: HF_HUB_OFFLINE is set" in res.out
 
 
+def test_pull_interrupted_keeps_what_it_downloaded_and_says_how_to_resume(fake_download, monkeypatch, cli):
+    import huggingface_hub
+
+    recorder = huggingface_hub.snapshot_download
+
+    def ctrl_c_in_the_second(repo_id, **kw):
+        if len(fake_download) == 1:
+            raise KeyboardInterrupt
+        return recorder(repo_id, **kw)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", ctrl_c_in_the_second)
+    res = cli("pull", "qwen3-4b")
+    assert res.code == 130
+    assert res.err.strip() == "interrupted: what was downloaded is kept, and `dflash pull qwen3-4b` resumes"
+    assert res.out.count("✓") == 1 and "z-lab/Qwen3-4B-DFlash-b16" in res.out
+
+
 def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import hub
-from ..errors import DflashError
+from ..errors import DflashError, Interrupted
 from ..registry import Registry, Source
 
 
@@ -60,24 +60,28 @@ def list_models(console: Console) -> None:
 
 def pull(model: str | None, drafters: bool, console: Console) -> None:
     """Each checkpoint in turn: a drafter that fails (a repo gone or gated) does not keep the others from downloading;
-    offline, what is already downloaded is done."""
+    offline, what is already downloaded is done. Ctrl-C keeps what was downloaded, and the same command resumes."""
     entry = Registry.load().resolve(model)
     sources = [("target", entry.target)] + ([(k, s) for k, s in entry.drafters.items()] if drafters else [])
     failed = []
-    for role, src in sources:
-        if src.is_local:
-            console.print(f"{role}: {src.ref} is a local folder", style="dim", soft_wrap=True)
-            continue
-        console.print(f"{role}: {src.ref}", soft_wrap=True)
-        try:
-            path = (hub.offline() and src.cached()) or hub.download(src.ref, src.revision)
-        except DflashError as exc:
-            if role == "target":
-                raise
-            console.print(f"  ✗ {exc}", style="red", soft_wrap=True)
-            failed.append(f"{role} ({src.ref})")
-            continue
-        # soft_wrap: a path is never broken across lines (piped output is 80 columns wide)
-        console.print(f"  ✓ {path} ({_size(hub.size_on_disk(path))})", style="green", soft_wrap=True)
+    try:
+        for role, src in sources:
+            if src.is_local:
+                console.print(f"{role}: {src.ref} is a local folder", style="dim", soft_wrap=True)
+                continue
+            console.print(f"{role}: {src.ref}", soft_wrap=True)
+            try:
+                path = (hub.offline() and src.cached()) or hub.download(src.ref, src.revision)
+            except DflashError as exc:
+                if role == "target":
+                    raise
+                console.print(f"  ✗ {exc}", style="red", soft_wrap=True)
+                failed.append(f"{role} ({src.ref})")
+                continue
+            # soft_wrap: a path is never broken across lines (piped output is 80 columns wide)
+            console.print(f"  ✓ {path} ({_size(hub.size_on_disk(path))})", style="green", soft_wrap=True)
+    except KeyboardInterrupt:
+        again = " ".join(["dflash pull", *([model] if model else []), *([] if drafters else ["--no-drafters"])])
+        raise Interrupted(f"\ninterrupted: what was downloaded is kept, and `{again}` resumes") from None
     if failed:
         raise DflashError(f"could not download {', '.join(failed)} (see above); the rest is downloaded")
