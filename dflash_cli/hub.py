@@ -6,6 +6,10 @@ import hashlib
 import json
 import os
 import re
+import signal
+import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DflashError
@@ -110,9 +114,11 @@ def _confirmed(repo: str, revision: str | None) -> Path | None:
         return None
 
 
-def download(repo: str, revision: str | None = None, progress: bool = True, or_else: str = "") -> Path:
+def download(repo: str, revision: str | None = None, progress: bool = True, or_else: str = "",
+             again: str = "the same command") -> Path:
     """Download (or resume) the files of `repo` the engine needs; returns the snapshot folder. `or_else`: what else
-    the command that asked can do when the Hub cannot be reached (", or use a local folder")."""
+    the command that asked can do when the Hub cannot be reached (", or use a local folder"); `again`: the command that
+    downloads the rest after a Ctrl-C."""
     if offline():
         raise DflashError(f"cannot download {repo}: HF_HUB_OFFLINE is set (unset it to download){or_else}")
     from huggingface_hub import snapshot_download
@@ -127,9 +133,10 @@ def download(repo: str, revision: str | None = None, progress: bool = True, or_e
 
     (enable_progress_bars if progress else disable_progress_bars)()
     try:
-        path = Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
-        if not any(path.glob("*.safetensors")):
-            path = Path(snapshot_download(repo, revision=revision, allow_patterns=[LEGACY_WEIGHTS]))
+        with _stop_at_once(repo, again):
+            path = Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
+            if not any(path.glob("*.safetensors")):
+                path = Path(snapshot_download(repo, revision=revision, allow_patterns=[LEGACY_WEIGHTS]))
     except GatedRepoError:
         raise DflashError(f"{repo} is gated: accept its licence on the Hub and log in (`hf auth login`)") from None
     except RepositoryNotFoundError:
@@ -148,6 +155,39 @@ def download(repo: str, revision: str | None = None, progress: bool = True, or_e
         raise DflashError(f"{repo} is incomplete in {path}: no {lacking} (run the download again with the Hub "
                           f"reachable)")
     return path
+
+
+def interrupted(again: str) -> str:
+    return f"\ninterrupted: the files downloaded so far are kept, and {again} downloads the rest"
+
+
+@contextmanager
+def _stop_at_once(repo: str, again: str):
+    """Within: Ctrl-C ends the process at once. huggingface_hub's worker threads would otherwise finish the files they
+    are on first (all of a model's shards at once: the whole download, without a word). Finished files are in place
+    (each renamed whole into blobs/, then linked); the partial ones this download wrote are deleted, as the hub does
+    after a failure (their names, unique to a process, cannot be resumed), not left to fill the disk."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from huggingface_hub import constants
+
+    blobs = Path(constants.HF_HUB_CACHE).expanduser() / ("models--" + repo.replace("/", "--")) / "blobs"
+    before = set(blobs.glob("*.incomplete"))
+
+    def stop(signum, frame):
+        for f in set(blobs.glob("*.incomplete")) - before:
+            if re.fullmatch(r"\w+\.[0-9a-f]{8}\.incomplete", f.name):  # a hub's that resumes keeps <etag>.incomplete
+                f.unlink(missing_ok=True)
+        sys.stdout.flush()
+        os.write(2, (interrupted(again) + "\n").encode())
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def size_on_disk(path: Path) -> int:

@@ -317,8 +317,43 @@ def test_pull_interrupted_keeps_what_it_downloaded_and_says_how_to_resume(fake_d
     monkeypatch.setattr(huggingface_hub, "snapshot_download", ctrl_c_in_the_second)
     res = cli("pull", "qwen3-4b")
     assert res.code == 130
-    assert res.err.strip() == "interrupted: what was downloaded is kept, and `dflash pull qwen3-4b` resumes"
+    assert res.err.strip() == ("interrupted: the files downloaded so far are kept, and `dflash pull qwen3-4b` "
+                               "downloads the rest")
     assert res.out.count("✓") == 1 and "z-lab/Qwen3-4B-DFlash-b16" in res.out
+
+
+def test_ctrl_c_during_a_download_stops_at_once(hub_cache, monkeypatch, capfd):
+    """huggingface_hub's worker threads would finish the files they are on (a model's shards: the whole download)
+    before a Ctrl-C ends the process: it ends at once, with the finished files kept and this download's partial
+    ones deleted (another download's, and a resumable <etag>.incomplete, stay)."""
+    import signal
+
+    import huggingface_hub
+    from dflash_cli import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    blobs = hub_cache / "models--Org--Big" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "aa11.0123abcd.incomplete").write_bytes(b"another download's")
+    (blobs / "bb22.incomplete").write_bytes(b"resumable")
+
+    def download_then_ctrl_c(repo_id, **kw):
+        (blobs / "cc33").write_bytes(b"a finished file")
+        (blobs / "dd44.89abcdef.incomplete").write_bytes(b"half a shard")
+        signal.raise_signal(signal.SIGINT)
+        raise AssertionError("the download went on after Ctrl-C")
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download_then_ctrl_c)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with pytest.raises(SystemExit) as stopped:
+        hub.download("Org/Big", progress=False, again="`dflash pull big`")
+    assert stopped.value.code == 130
+    assert sorted(f.name for f in blobs.iterdir()) == ["aa11.0123abcd.incomplete", "bb22.incomplete", "cc33"]
+    assert "the files downloaded so far are kept, and `dflash pull big` downloads the rest" in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_hub_unreachable_is_one_error_line(monkeypatch, cli):

@@ -64,6 +64,7 @@ def pull(model: str | None, drafters: bool, console: Console) -> None:
     entry = Registry.load().resolve(model)
     sources = [("target", entry.target)] + ([(k, s) for k, s in entry.drafters.items()] if drafters else [])
     failed = []
+    again = "`" + " ".join(["dflash pull", *([model] if model else []), *([] if drafters else ["--no-drafters"])]) + "`"
     try:
         for role, src in sources:
             if src.is_local:
@@ -71,7 +72,7 @@ def pull(model: str | None, drafters: bool, console: Console) -> None:
                 continue
             console.print(f"{role}: {src.ref}", soft_wrap=True)
             try:
-                path = (hub.offline() and src.cached()) or hub.download(src.ref, src.revision)
+                path = (hub.offline() and src.cached()) or hub.download(src.ref, src.revision, again=again)
             except DflashError as exc:
                 if role == "target":
                     raise
@@ -81,7 +82,6 @@ def pull(model: str | None, drafters: bool, console: Console) -> None:
             # soft_wrap: a path is never broken across lines (piped output is 80 columns wide)
             console.print(f"  ✓ {path} ({_size(hub.size_on_disk(path))})", style="green", soft_wrap=True)
     except KeyboardInterrupt:
-        again = " ".join(["dflash pull", *([model] if model else []), *([] if drafters else ["--no-drafters"])])
-        raise Interrupted(f"\ninterrupted: what was downloaded is kept, and `{again}` resumes") from None
+        raise Interrupted(hub.interrupted(again)) from None
     if failed:
         raise DflashError(f"could not download {', '.join(failed)} (see above); the rest is downloaded")
