@@ -12,6 +12,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import tuning
 from .errors import DflashError
 
 # Only what the engine reads: never optimizer states, .bin duplicates or images.
@@ -148,8 +149,13 @@ def download(repo: str, revision: str | None = None, progress: bool = True, or_e
     except LocalEntryNotFoundError:
         raise DflashError(f"cannot reach the Hub to download {repo}, and it is not in the cache: check the network "
                           f"connection and try again{or_else}") from None
-    except OSError as exc:
-        raise DflashError(f"download of {repo} failed: {exc}") from None
+    except OSError as exc:  # a full disk, a read-only cache
+        raise DflashError(f"download of {repo} failed: {exc}; {kept(again)}") from None
+    except Exception as exc:  # the connection lost mid-file: the HTTP client's own errors (httpx's are no OSError)
+        if tuning.KNOBS.debug:
+            raise
+        raise DflashError(f"download of {repo} failed ({type(exc).__name__}: {exc}); "
+                          f"{kept(again)}") from None
     lacking = missing(path)
     if lacking:  # the Hub unreachable and an older partial download in the cache, or a repo without such weights
         raise DflashError(f"{repo} is incomplete in {path}: no {lacking} (run the download again with the Hub "
@@ -157,8 +163,13 @@ def download(repo: str, revision: str | None = None, progress: bool = True, or_e
     return path
 
 
+def kept(again: str) -> str:
+    """What a download that stopped halfway left: finished files are renamed whole into blobs/, then linked."""
+    return f"the files downloaded so far are kept, and {again} downloads the rest"
+
+
 def interrupted(again: str) -> str:
-    return f"\ninterrupted: the files downloaded so far are kept, and {again} downloads the rest"
+    return f"\ninterrupted: {kept(again)}"
 
 
 @contextmanager

@@ -373,6 +373,32 @@ def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
     assert_one_line_error(cli("generate", "--model", "Org/Model", "-p", "hi"), "cannot reach the Hub", "local folder")
 
 
+@pytest.mark.parametrize("error", ["connection lost", "disk full"])
+def test_a_download_that_fails_halfway_names_the_repo_and_how_to_go_on(monkeypatch, cli, error):
+    """The connection lost mid-file raises the hub's HTTP client's own error (httpx's is no OSError: it was
+    `error: ConnectError: ...` naming no repo, and it ended pull before the drafters after it); a full disk, an OSError."""
+    import errno
+
+    import huggingface_hub
+
+    class ConnectError(Exception):  # as httpx's: no OSError
+        pass
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    failure = ConnectError("[Errno 111] Connection refused") if error == "connection lost" else \
+        OSError(errno.ENOSPC, "No space left on device")
+
+    def fails(repo_id, **kw):
+        raise failure
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fails)
+    res = cli("generate", "--model", "Org/Model", "-p", "hi")
+    assert_one_line_error(res, "download of Org/Model failed", str(failure.args[-1]),
+                          "the files downloaded so far are kept, and the same command downloads the rest")
+    res = cli("pull", "Org/Model")
+    assert_one_line_error(res, "`dflash pull Org/Model` downloads the rest")
+
+
 def test_a_snapshot_the_hub_found_complete_is_found_again_without_asking_it(hub_cache, tiny_model, monkeypatch):
     import huggingface_hub
     from dflash_cli import hub
