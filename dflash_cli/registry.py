@@ -44,6 +44,7 @@ class Source:
     ref: str
     revision: str | None = None
     label: str | None = None  # how listings name it (a `pkg:` path rather than where the package lives)
+    pull_as: str | None = None  # what `dflash pull` takes to fetch it: a target's registry entry (with its drafters)
 
     @property
     def name(self) -> str:
@@ -67,7 +68,7 @@ class Source:
             raise DflashError(f"no such model folder, registry entry or Hub repo id: {self.ref}")
         if not download or hub.offline():
             raise DflashError(
-                f"{self.ref} is not downloaded (offline): run `dflash pull {self.ref}` with network access"
+                f"{self.ref} is not downloaded (offline): run `dflash pull {self.pull_as or self.ref}` with network access"
             )
         return hub.download(self.ref, self.revision, or_else=", or use a local folder")
 
@@ -151,13 +152,13 @@ def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
         raise DflashError(f"registry {path}: entry '{name}' needs a 'target' (Hub repo id or folder)")
     base = path.parent
 
-    def src(ref: str, revision=None) -> Source:
+    def src(ref: str, revision=None, pull_as=None) -> Source:
         # Relative local paths in the registry are relative to the registry file.
         if ref.startswith(PACKAGE_PREFIX):
             return Source(str(Path(__file__).parent / ref[len(PACKAGE_PREFIX) :]), label=ref)
         if ref.startswith((".", "/")):
             ref = str((base / ref).resolve())
-        return Source(ref, revision)
+        return Source(ref, revision, pull_as=pull_as)
 
     drafters = {}
     for kind, d in spec.get("drafters", {}).items():
@@ -169,7 +170,7 @@ def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
         drafters[kind] = src(ref, d.get("revision") if isinstance(d, dict) else None)
     return ModelEntry(
         name=name,
-        target=src(spec["target"], spec.get("revision")),
+        target=src(spec["target"], spec.get("revision"), pull_as=name),
         drafters=drafters,
         context=spec.get("context"),
         draft_len=spec.get("draft_len"),

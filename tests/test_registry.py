@@ -141,9 +141,11 @@ def test_missing_registry_file_and_unknown_name(tmp_path, monkeypatch, cli):
 @pytest.mark.parametrize("command", [["generate", "--model", "qwen3-4b", "-p", "hi"], ["chat", "qwen3-4b"],
                                      ["generate", "--model", "Org/Missing", "-p", "hi"]])
 def test_offline_and_not_cached_says_what_is_missing(cli, command):
-    repo = "Qwen/Qwen3-4B" if "qwen3-4b" in command else "Org/Missing"
+    """A registry entry's target: pull the entry, which brings its drafters too (pulling the repo id did not, and the
+    next command then asked for the drafter)."""
+    repo, pull = ("Qwen/Qwen3-4B", "qwen3-4b") if "qwen3-4b" in command else ("Org/Missing", "Org/Missing")
     res = cli(*command)
-    assert_one_line_error(res, repo, "not downloaded", "dflash pull")
+    assert_one_line_error(res, repo, "not downloaded", f"`dflash pull {pull}`")
     assert res.out == ""
 
 
