@@ -147,9 +147,38 @@ def trained_run(folder: Path) -> ModelEntry | None:
                       bench_prompts=PACKAGED.with_name("bench") / "python.jsonl")
 
 
+GENERATION_KEYS = ("temperature", "top_p", "top_k")
+
+
+def _check_values(name: str, spec: dict, path: Path) -> None:
+    """A value of the wrong type is one error naming its key (it was a TypeError where the value was first used, or
+    the value was passed on, a string context compared with numbers)."""
+    def bad(what: str):
+        raise DflashError(f"registry {path}: entry '{name}': {what}")
+
+    for key in ("context", "draft_len"):
+        value = spec.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            bad(f"'{key}' must be a whole number >= 1 (got {value!r})")
+    for key in ("description", "revision", "bench_prompts"):
+        if key in spec and not isinstance(spec[key], str):
+            bad(f"'{key}' must be a string (got {spec[key]!r})")
+    if not isinstance(spec.get("drafters", {}), dict):
+        bad("'drafters' must be a table: { dflash = \"owner/name\", ... }")
+    generation = spec.get("generation", {})
+    if not isinstance(generation, dict):
+        bad(f"'generation' must be a table of {', '.join(GENERATION_KEYS)}")
+    for key, value in generation.items():
+        if key not in GENERATION_KEYS:
+            bad(f"unknown 'generation' key '{key}' (known: {', '.join(GENERATION_KEYS)})")
+        if type(value) not in (int, float):
+            bad(f"'generation' {key} must be a number (got {value!r})")
+
+
 def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
     if not isinstance(spec, dict) or not isinstance(spec.get("target"), str):
         raise DflashError(f"registry {path}: entry '{name}' needs a 'target' (Hub repo id or folder)")
+    _check_values(name, spec, path)
     base = path.parent
 
     def src(ref: str, revision=None, pull_as=None) -> Source:
@@ -167,7 +196,10 @@ def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
         ref = d.get("repo") if isinstance(d, dict) else d
         if not isinstance(ref, str):
             raise DflashError(f"registry {path}: entry '{name}' drafter '{kind}' needs a repo id or folder")
-        drafters[kind] = src(ref, d.get("revision") if isinstance(d, dict) else None)
+        revision = d.get("revision") if isinstance(d, dict) else None
+        if revision is not None and not isinstance(revision, str):
+            raise DflashError(f"registry {path}: entry '{name}' drafter '{kind}': 'revision' must be a string")
+        drafters[kind] = src(ref, revision)
     return ModelEntry(
         name=name,
         target=src(spec["target"], spec.get("revision"), pull_as=name),

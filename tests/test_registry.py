@@ -122,6 +122,19 @@ BAD_REGISTRIES = {
                      "drafter 'dflash' needs a repo"),
     "default": ('default = "b"\n[models.a]\ntarget = "Org/A"\n', "default 'b' is not an entry"),
     "models": ("models = 3\n", "'models' must be a table"),
+    # Values of the wrong type: each names its key (they were TypeErrors, or passed on as they were).
+    "drafters table": ('[models.a]\ntarget = "Org/A"\ndrafters = "Org/D"\n', "'drafters' must be a table"),
+    "generation table": ('[models.a]\ntarget = "Org/A"\ngeneration = 3\n', "'generation' must be a table"),
+    "generation value": ('[models.a]\ntarget = "Org/A"\ngeneration = { temperature = "hot" }\n',
+                         "'generation' temperature must be a number"),
+    "generation key": ('[models.a]\ntarget = "Org/A"\ngeneration = { temprature = 0.6 }\n',
+                       "unknown 'generation' key 'temprature'"),
+    "context": ('[models.a]\ntarget = "Org/A"\ncontext = "32k"\n', "'context' must be a whole number >= 1"),
+    "draft_len": ('[models.a]\ntarget = "Org/A"\ndraft_len = 0\n', "'draft_len' must be a whole number >= 1"),
+    "description": ('[models.a]\ntarget = "Org/A"\ndescription = 5\n', "'description' must be a string"),
+    "revision": ('[models.a]\ntarget = "Org/A"\nrevision = 3\n', "'revision' must be a string"),
+    "drafter revision": ('[models.a]\ntarget = "Org/A"\ndrafters = { dflash = { repo = "Org/D", revision = 7 } }\n',
+                         "drafter 'dflash': 'revision' must be a string"),
 }
 
 
