@@ -189,6 +189,10 @@ def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
             ref = str((base / ref).resolve())
         return Source(ref, revision, pull_as=pull_as)
 
+    def prompts(ref: str) -> Path:
+        # A file, never a repo id: relative to the registry file with or without a leading ./ (it was the cwd's)
+        return Path(src(ref).ref) if ref.startswith(PACKAGE_PREFIX) else (base / Path(ref).expanduser()).resolve()
+
     drafters = {}
     for kind, d in spec.get("drafters", {}).items():
         if kind not in DRAFT_KINDS:
@@ -208,5 +212,5 @@ def _entry(name: str, spec: dict, path: Path) -> ModelEntry:
         draft_len=spec.get("draft_len"),
         generation=dict(spec.get("generation", {})),
         description=spec.get("description", ""),
-        bench_prompts=Path(src(spec["bench_prompts"]).ref) if isinstance(spec.get("bench_prompts"), str) else None,
+        bench_prompts=prompts(spec["bench_prompts"]) if "bench_prompts" in spec else None,
     )

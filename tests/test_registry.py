@@ -114,6 +114,17 @@ def test_custom_registry_with_a_local_entry(tmp_path, monkeypatch, tiny_model, c
     assert f"tiny (default)\t—\t{reg.parent / 'tiny'}\t✓" in listing.out
 
 
+def test_bench_prompts_are_relative_to_the_registry_file(tmp_path, monkeypatch):
+    path = registry(tmp_path, monkeypatch, '[models.a]\ntarget = "Org/A"\nbench_prompts = "prompts/a.jsonl"\n'
+                                           '[models.b]\ntarget = "Org/B"\nbench_prompts = "./b.jsonl"\n'
+                                           '[models.c]\ntarget = "Org/C"\nbench_prompts = "/abs/c.jsonl"\n')
+    monkeypatch.chdir(tmp_path)  # not the registry's folder
+    entries = Registry.load().entries
+    assert entries["a"].bench_prompts == path.parent / "prompts" / "a.jsonl"  # was the cwd's prompts/a.jsonl
+    assert entries["b"].bench_prompts == path.parent / "b.jsonl"
+    assert entries["c"].bench_prompts == Path("/abs/c.jsonl")
+
+
 BAD_REGISTRIES = {
     "syntax": ('default = "a"\n[models.a\n', "not valid TOML"),
     "no target": ('[models.a]\ndescription = "?"\n', "entry 'a' needs a 'target'"),
