@@ -85,6 +85,18 @@ def test_eagle3_training_time_test_equals_inference_chain(models):
                 assert rel_err(per_step[j][i, c - 1 + j], logits) < 1e-5, (i, c, j)
 
 
+def test_eagle3_taps_of_a_preset_are_written_where_the_loader_reads_them(models, tmp_path):
+    from dataclasses import replace
+
+    from dflash_cli.models.eagle3 import Eagle3Config
+
+    target = models[0]
+    for taps, expect in (((), [2, 2, 2]), ((1, 3, 4), [1, 3, 4])):  # () is the paper's 2, L/2, L-3 (L = 5)
+        raw = eagle3_stage.config(replace(presets.TINY, hidden=target.cfg.hidden_size, vocab_size=target.cfg.vocab_size,
+                                           eagle3_layers=taps))
+        assert Eagle3Config(raw, tmp_path / "config.json", target.cfg).aux_layers == expect
+
+
 def small_corpus(tmp: Path) -> Path:
     """A few stdlib packages copied aside: the tests' training data."""
     root = tmp / "data"

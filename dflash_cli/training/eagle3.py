@@ -21,7 +21,8 @@ FIELDS = ["fc", "qkv", "o", "gate_up", "down", "hidden_norm", "input_norm", "pos
 
 def config(p: Preset) -> dict:
     """The native EAGLE-3 layout (EAGLE / SpecForge / AngelSlim): a one-layer Llama config."""
-    return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+    taps = {"eagle_aux_hidden_state_layer_ids": list(p.eagle3_layers)} if p.eagle3_layers else {}
+    return {**taps, "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
             "hidden_size": p.hidden, "intermediate_size": p.intermediate, "num_attention_heads": p.heads,
             "num_key_value_heads": p.kv_heads, "head_dim": p.head_dim, "hidden_act": "silu", "rms_norm_eps": 1e-6,
             "rope_theta": 10000.0, "max_position_embeddings": p.context, "vocab_size": p.vocab_size,

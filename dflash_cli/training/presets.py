@@ -71,6 +71,7 @@ class Preset:
     eval_prompts: int  # per category of held-out prompts
     eval_tokens: int
     save_every: int = 250  # steps between resumable checkpoints
+    eagle3_layers: tuple[int, ...] = ()  # EAGLE-3's target taps (inputs of these layers); () is (2, L/2, L-3)
 
     def summary(self) -> dict:
         return asdict(self)
