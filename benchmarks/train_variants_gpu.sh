@@ -5,7 +5,7 @@
 # H200 figures (2026-12-05): a DFlash step of 64 rows takes 46 ms alone at 32 anchors a row, 60 ms at 64; an
 # EAGLE-3 step 38 ms; two runs at once take about 1.5x as long each. The call ends training by END seconds.
 #
-#   run(command='VARIANTS="dflash_target_layers=(0,2,3,5,7);dflash_steps=5500|eagle3:eagle3_layers=(1,4,7)"
+#   run(command='VARIANTS="dflash_target_layers=(0,2,3,5,6);dflash_steps=5500|eagle3:eagle3_layers=(1,4,7)"
 #       bash benchmarks/train_variants_gpu.sh', timeout_s=600, carry=["benchmarks/carry"])
 #
 # The distillation data comes from CALL=1 of train_demo_gpu.sh (carry benchmarks/carry). Returns run.tar.* with
