@@ -382,6 +382,31 @@ def test_ctrl_c_during_a_download_stops_at_once(hub_cache, monkeypatch, capfd):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_ctrl_c_during_a_download_shows_the_cursor_again(monkeypatch, capfd):
+    """generate, chat and bench download on first use under a status spinner (rich's Live), which hid the cursor:
+    ending at once skips the spinner's exit, so the handler shows the cursor on the terminal itself."""
+    import signal
+
+    import huggingface_hub
+    from dflash_cli import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setattr(os, "isatty", lambda fd: fd == 2)  # stderr a terminal (capfd makes it a file)
+
+    def ctrl_c(repo_id, **kw):
+        signal.raise_signal(signal.SIGINT)
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", ctrl_c)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with pytest.raises(SystemExit):
+        hub.download("Org/Big", progress=False)
+    assert capfd.readouterr().err.startswith("\x1b[?25h\ninterrupted: ")
+
+
 def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
