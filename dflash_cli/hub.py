@@ -72,7 +72,7 @@ def missing(snapshot: Path) -> str | None:
         return ", ".join(absent[:2]) + (f" and {len(absent) - 2} more" if len(absent) > 2 else "") if absent else None
     if any(snapshot.glob("*.safetensors")) or (snapshot / LEGACY_WEIGHTS).is_file():
         return None
-    return "its weights (*.safetensors or pytorch_model.bin)"
+    return "weights (*.safetensors or pytorch_model.bin)"
 
 
 def _marker(snapshot: Path) -> Path:
@@ -158,8 +158,8 @@ def download(repo: str, revision: str | None = None, progress: bool = True, or_e
                           f"{kept(again)}") from None
     lacking = missing(path)
     if lacking:  # the Hub unreachable and an older partial download in the cache, or a repo without such weights
-        raise DflashError(f"{repo} is incomplete in {path}: no {lacking} (run the download again with the Hub "
-                          f"reachable)")
+        raise DflashError(f"{repo} is incomplete in {path}: no {lacking} (if the Hub was unreachable, run the "
+                          f"download again once it is; if not, the repo itself has none)")
     return path
 
 
