@@ -72,7 +72,7 @@ def missing(snapshot: Path) -> str | None:
         return ", ".join(absent[:2]) + (f" and {len(absent) - 2} more" if len(absent) > 2 else "") if absent else None
     if any(snapshot.glob("*.safetensors")) or (snapshot / LEGACY_WEIGHTS).is_file():
         return None
-    return "its weights (*.safetensors or pytorch_model.bin)"
+    return "weights (*.safetensors or pytorch_model.bin)"
 
 
 def _marker(snapshot: Path) -> Path:
@@ -158,8 +158,8 @@ def download(repo: str, revision: str | None = None, progress: bool = True, or_e
                           f"{kept(again)}") from None
     lacking = missing(path)
     if lacking:  # the Hub unreachable and an older partial download in the cache, or a repo without such weights
-        raise DflashError(f"{repo} is incomplete in {path}: no {lacking} (run the download again with the Hub "
-                          f"reachable)")
+        raise DflashError(f"{repo} is incomplete in {path}: no {lacking} (if the Hub was unreachable, run the "
+                          f"download again once it is; if not, the repo itself has none)")
     return path
 
 
@@ -191,6 +191,7 @@ def _stop_at_once(repo: str, again: str):
             if re.fullmatch(r"\w+\.[0-9a-f]{8}\.incomplete", f.name):  # a hub's that resumes keeps <etag>.incomplete
                 f.unlink(missing_ok=True)
         sys.stdout.flush()
+        _show_cursor()
         os.write(2, (interrupted(again) + "\n").encode())
         os._exit(130)
 
@@ -199,6 +200,16 @@ def _stop_at_once(repo: str, again: str):
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _show_cursor() -> None:
+    """The cursor shown again on a terminal: the status spinner around generate's, chat's and bench's loading (rich's
+    Live, within which they download on first use) hid it, and os._exit skips its exit, which would show it."""
+    if os.environ.get("TERM", "").lower() in ("dumb", "unknown"):  # rich hides nothing there
+        return
+    for fd in (1, 2):
+        if os.isatty(fd):
+            os.write(fd, b"\x1b[?25h")
 
 
 def size_on_disk(path: Path) -> int:

@@ -289,6 +289,28 @@ def test_pytorch_bin_is_fetched_only_when_a_repo_has_no_safetensors(fake_downloa
     assert len(fake_download) == 1 and "pytorch_model.bin" not in fake_download[0][1]
 
 
+def test_a_repo_without_weights_dflash_reads_says_the_repo_may_have_none(fake_download, monkeypatch):
+    """A repo with neither safetensors nor pytorch_model.bin (GGUF only, sharded .bin): the download went through,
+    and running it again (the only remedy the error gave, and "no its weights") would fail alike."""
+    import huggingface_hub
+    from dflash_cli import hub
+
+    recorder = huggingface_hub.snapshot_download
+
+    def config_only(repo_id, **kw):
+        folder = Path(recorder(repo_id, **kw))
+        for f in folder.iterdir():
+            if f.name != "config.json":
+                f.unlink()
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", config_only)
+    with pytest.raises(DflashError) as err:
+        hub.download("Org/gguf-only", progress=False)
+    assert "no weights (*.safetensors or pytorch_model.bin)" in str(err.value)
+    assert "the repo itself has none" in str(err.value)
+
+
 def test_pull_skips_local_entries(tmp_path, monkeypatch, tiny_model, fake_download, cli):
     registry(tmp_path, monkeypatch, f'[models.t]\ntarget = "{tiny_model}"\ndrafters = {{ dflash = "Org/D" }}\n')
     res = cli("pull", "t")
@@ -380,6 +402,31 @@ def test_ctrl_c_during_a_download_stops_at_once(hub_cache, monkeypatch, capfd):
     assert sorted(f.name for f in blobs.iterdir()) == ["aa11.0123abcd.incomplete", "bb22.incomplete", "cc33"]
     assert "the files downloaded so far are kept, and `dflash pull big` downloads the rest" in capfd.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_during_a_download_shows_the_cursor_again(monkeypatch, capfd):
+    """generate, chat and bench download on first use under a status spinner (rich's Live), which hid the cursor:
+    ending at once skips the spinner's exit, so the handler shows the cursor on the terminal itself."""
+    import signal
+
+    import huggingface_hub
+    from dflash_cli import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setattr(os, "isatty", lambda fd: fd == 2)  # stderr a terminal (capfd makes it a file)
+
+    def ctrl_c(repo_id, **kw):
+        signal.raise_signal(signal.SIGINT)
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", ctrl_c)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with pytest.raises(SystemExit):
+        hub.download("Org/Big", progress=False)
+    assert capfd.readouterr().err.startswith("\x1b[?25h\ninterrupted: ")
 
 
 def test_hub_unreachable_is_one_error_line(monkeypatch, cli):
