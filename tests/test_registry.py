@@ -1,6 +1,7 @@
 """models.toml, how a model argument resolves, the Hugging Face cache offline, and `dflash pull`."""
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -497,3 +498,16 @@ def test_a_snapshot_the_hub_found_complete_is_found_again_without_asking_it(hub_
     (snap.parents[1] / "refs" / "main").write_text("f" * 40)
     assert hub.cached_snapshot("Org/Tiny") is None and len(asked) == 3
     assert hub.cached_snapshot("Org/Tiny", "v2") is None and len(asked) == 4
+
+
+def test_generation_keys_for_an_external_engine_load_and_are_passed_on(tmp_path, monkeypatch):
+    """The penalties and min_p of a model card: the built-in engine samples with temperature, top_p and top_k only,
+    serve's external engines take them all (a user registry with Qwen3.5's presence_penalty loaded before)."""
+    from dflash_cli.serve.external import launch_command
+
+    registry(tmp_path, monkeypatch, '[models.a]\ntarget = "Org/A"\ncontext = 4096\n'
+             'generation = { temperature = 0.7, presence_penalty = 1.5, min_p = 0.0 }\n')
+    entry = Registry.load().entries["a"]
+    argv = launch_command("vllm", entry, draft="none", tensor_parallel=1, host="127.0.0.1", port=8000, api_key=None)
+    override = json.loads(argv[argv.index("--override-generation-config") + 1])
+    assert override == {"temperature": 0.7, "presence_penalty": 1.5, "min_p": 0.0}
