@@ -172,13 +172,27 @@ def interrupted(again: str) -> str:
     return f"\ninterrupted: {kept(again)}"
 
 
+_keep_process = threading.local()  # set by keep_process_on_ctrl_c: a Ctrl-C in a download returns to the caller
+
+
+@contextmanager
+def keep_process_on_ctrl_c():
+    """Within: a Ctrl-C during a download raises KeyboardInterrupt to the caller once the files in progress are done,
+    instead of ending the process (chat's /set draft: the conversation outlives a download the user stops)."""
+    _keep_process.on = True
+    try:
+        yield
+    finally:
+        _keep_process.on = False
+
+
 @contextmanager
 def _stop_at_once(repo: str, again: str):
     """Within: Ctrl-C ends the process at once. huggingface_hub's worker threads would otherwise finish the files they
     are on first (all of a model's shards at once: the whole download, without a word). Finished files are in place
     (each renamed whole into blobs/, then linked); the partial ones this download wrote are deleted, as the hub does
     after a failure (their names, unique to a process, cannot be resumed), not left to fill the disk."""
-    if threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread() or getattr(_keep_process, "on", False):
         yield
         return
     from huggingface_hub import constants

@@ -303,6 +303,23 @@ def test_ctrl_c_at_the_prompt_does_not_leave(chat, monkeypatch):
     assert next(lines, None) is None  # every line was read
 
 
+def test_ctrl_c_in_a_command_keeps_the_conversation(chat, prompts, monkeypatch, tmp_path):
+    """/set draft may download and load a drafter for minutes: a Ctrl-C there stops the command, not the chat (the
+    KeyboardInterrupt left run() and the conversation was lost)."""
+    real = chat_cmd.make_decoder
+
+    def make_decoder(bundle, draft, *a, **kw):
+        if draft == "dflash":
+            raise KeyboardInterrupt
+        return real(bundle, draft, *a, **kw)
+
+    saved = tmp_path / "chat.json"
+    monkeypatch.setattr(chat_cmd, "make_decoder", make_decoder)
+    out = clean(chat(f"Hi\n/set draft dflash\nAnd?\n/save {saved}\n"))
+    assert "interrupted: /set stopped; the conversation is kept" in out
+    assert [m["content"] for m in json.loads(saved.read_text())["messages"][::2]] == ["Hi", "And?"]
+
+
 # Issue 43: /help, /set, /load, multi-line input, /think on a model without thinking, honest stats.
 
 def test_help_is_a_command(chat):

@@ -511,3 +511,23 @@ def test_generation_keys_for_an_external_engine_load_and_are_passed_on(tmp_path,
     argv = launch_command("vllm", entry, draft="none", tensor_parallel=1, host="127.0.0.1", port=8000, api_key=None)
     override = json.loads(argv[argv.index("--override-generation-config") + 1])
     assert override == {"temperature": 0.7, "presence_penalty": 1.5, "min_p": 0.0}
+
+
+def test_ctrl_c_during_a_download_chat_asked_for_returns_to_it(hub_cache, monkeypatch):
+    """Within hub.keep_process_on_ctrl_c (chat's commands: /set draft downloads a drafter) a Ctrl-C is a
+    KeyboardInterrupt for the caller, not the end of the process (and of the conversation)."""
+    import signal
+
+    import huggingface_hub
+    from dflash_cli import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def ctrl_c(repo_id, **kw):
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", ctrl_c)
+    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail("the process was ended"))
+    with pytest.raises(KeyboardInterrupt), hub.keep_process_on_ctrl_c():
+        hub.download("Org/Big", progress=False)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .. import hub
 from ..options import ChatOptions, data_dir
 from ..conversation import Conversation
 from ..runtime.decoders import check_draft_len, make_decoder, unused_draft_len
@@ -133,8 +134,12 @@ class ChatRepl:
             if not line.strip():
                 continue
             if line.startswith("/") and "\n" not in line:
-                if self.command(line) == "exit":
-                    break
+                try:
+                    with hub.keep_process_on_ctrl_c():  # /set draft may download a drafter
+                        if self.command(line) == "exit":
+                            break
+                except KeyboardInterrupt:
+                    self.say(f"interrupted: {line.split()[0]} stopped; the conversation is kept", "yellow")
                 continue
             self.answer(line)
 
