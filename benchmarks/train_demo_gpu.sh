@@ -52,10 +52,8 @@ ls $CARRY/run.tar.* >/dev/null 2>&1 && cat $CARRY/run.tar.* | tar -C "$W" -xf -
 STDLIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 PURELIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 DATA=${DATA:---data $STDLIB --data $PURELIB}
-train() {
-  # SET="field=value;...": a variant of the preset (benchmarks/train_variant.py), e.g. SET=dflash_blocks=64
-  local cli=(-m dflash_cli); [ -n "$SET" ] && cli=(benchmarks/train_variant.py "$SET")
-  python "${cli[@]}" train "$W" --preset "$PRESET" --device "$DEVICE" $DATA \
+train() {  # recipe variants: benchmarks/train_variants_gpu.sh
+  python -m dflash_cli train "$W" --preset "$PRESET" --device "$DEVICE" $DATA \
     --time-limit "${LIMIT:-470}" "$@" 2>&1 \
     | tee -a "$OUT/train-$CALL.log"
 }

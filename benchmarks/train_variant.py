@@ -1,5 +1,5 @@
 """`dflash train` with some of a preset's fields changed, for trying a recipe variant on the GPU before it
-becomes the preset (benchmarks/train_demo_gpu.sh SET=...). Usage:
+becomes the preset (benchmarks/train_variants_gpu.sh runs several side by side). Usage:
     python benchmarks/train_variant.py "dflash_blocks=64;block_sizes=(16,)" train /tmp/demo --preset demo ...
 Values are parsed as Python literals; a winning variant is then written into training/presets.py."""
 
