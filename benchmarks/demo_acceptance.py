@@ -1,9 +1,11 @@
 """Where along a draft the demo's drafters lose: greedy generations from the held-out test prompts (the `evaluate`
-stage's, training/prompts.py) on the CPU, and per drafter τ, the histogram of accepted drafts a step and the
-conditional acceptance P(draft j+1 accepted | the first j were). Usage (one core is enough; about 30 s):
-    python benchmarks/demo_acceptance.py [name=folder ...] [--data ROOT]
+stage's, training/prompts.py) on the CPU, and per drafter τ, τ by where in the continuation a step starts, the
+histogram of accepted drafts a step and the conditional acceptance P(draft j+1 accepted | the first j were).
+Usage (one core is enough; about 30 s at the evaluation's 4 prompts a category):
+    python benchmarks/demo_acceptance.py [name=folder ...] [--data ROOT] [--per-category N] [--half select]
 Names containing "eagle3" load as EAGLE-3 drafters, the others as DFlash; by default the shipped two. ROOT: the
-Python source the held-out prompts come from (this interpreter's standard library by default)."""
+Python source the held-out prompts come from (this interpreter's standard library by default). Compare recipe
+variants on `--half select` (the prompts that choose the block size) and measure only the winner on the test half."""
 
 import argparse
 import collections
@@ -29,6 +31,8 @@ DEMO = Path(__file__).resolve().parents[1] / "dflash_cli" / "demo"
 ap = argparse.ArgumentParser()
 ap.add_argument("drafters", nargs="*", help="name=folder")
 ap.add_argument("--data", default=sysconfig.get_paths()["stdlib"])
+ap.add_argument("--per-category", type=int, default=presets.DEMO.eval_prompts, help="prompts a category")
+ap.add_argument("--half", choices=("test", "select"), default="test", help="which half of the held-out files")
 args = ap.parse_args()
 drafters = dict(a.split("=", 1) for a in args.drafters) or {"dflash": DEMO / "dflash", "eagle3": DEMO / "eagle3"}
 
@@ -39,22 +43,34 @@ p = presets.DEMO
 tok = Tokenizer.from_file(str(DEMO / "target" / "tokenizer.json"))
 eos = tok.token_to_id(corpus.SEPARATOR)
 data = corpus.collect([Path(args.data)], p.max_corpus_bytes)
-test = prompts.category_prompts(data.held_out, tok, p.eval_prompts, EVAL_PROMPT, prompts.TEST)
+half = prompts.TEST if args.half == "test" else prompts.SELECT
+test = prompts.category_prompts(data.held_out, tok, args.per_category, EVAL_PROMPT, half)
 target = _load_target(DEMO / "target", torch.device("cpu"))
-print(f"{len(test)} held-out test prompts from {args.data}, {p.eval_tokens} greedy tokens each")
+print(f"{len(test)} held-out {args.half} prompts from {args.data}, {p.eval_tokens} greedy tokens each")
+SPANS = (0, 16, 48)  # where in the continuation a step starts: the first tokens after the prompt are the hardest
 for name, folder in drafters.items():
     kind = "eagle3" if "eagle3" in name else "dflash"
     decoder = SpeculativeDecoder(load(kind, Path(folder), target), p.draft_len if kind == "eagle3" else None)
     session = Session(target, EVAL_PROMPT + p.eval_tokens + 32)
     hist, committed = collections.Counter(), 0
+    by_span = collections.defaultdict(lambda: [0, 0])  # span start -> [steps, tokens]
     for i, (_, ids) in enumerate(test):
         session.reset()
         r = generate(session, decoder, Request(ids, SamplingParams(temperature=0.0, seed=i), p.eval_tokens, (eos,)))
         hist.update(s.accepted for s in r.steps)
-        committed += sum(len(s.emitted) for s in r.steps)  # τ as `evaluate` counts it: cut at the budget and stops
+        done = 0
+        for s in r.steps:  # τ as `evaluate` counts it: cut at the budget and stops
+            span = by_span[max(x for x in SPANS if x <= done)]
+            span[0] += 1
+            span[1] += len(s.emitted)
+            done += len(s.emitted)
+        committed += done
     steps = sum(hist.values())
     tau = committed / steps
     reach = [sum(v for k, v in hist.items() if k >= j) for j in range(max(hist) + 2)]
     cond = " ".join(f"{reach[j + 1] / reach[j]:.2f}" for j in range(max(hist)) if reach[j])
     print(f"{name}: τ {tau:.2f} over {steps} steps; P(draft j+1 | j) for j = 0..: {cond}")
+    ends = [*SPANS[1:], p.eval_tokens]
+    print("  τ of the steps starting at tokens " + ", ".join(
+        f"{a}-{b - 1}: {by_span[a][1] / by_span[a][0]:.2f}" for a, b in zip(SPANS, ends) if by_span[a][0]))
     print(f"  accepted drafts a step: {' '.join(f'{k}:{v}' for k, v in sorted(hist.items()))}")
