@@ -1,8 +1,8 @@
-"""Where along a draft the demo's drafters lose: greedy generations from the held-out test prompts (the `evaluate`
+"""Where along a draft the demo's drafters lose: generations (greedy by default) from the held-out test prompts (the `evaluate`
 stage's, training/prompts.py) on the CPU, and per drafter τ, τ by where in the continuation a step starts, the
 histogram of accepted drafts a step and the conditional acceptance P(draft j+1 accepted | the first j were).
 Usage (one core is enough; about 30 s at the evaluation's 4 prompts a category):
-    python benchmarks/demo_acceptance.py [name=folder ...] [--data ROOT] [--per-category N] [--half select]
+    python benchmarks/demo_acceptance.py [name=folder ...] [--data ROOT] [--per-category N] [--half select] [-t T]
 Names containing "eagle3" load as EAGLE-3 drafters, the others as DFlash; by default the shipped two. ROOT: the
 Python source the held-out prompts come from (this interpreter's standard library by default). Compare recipe
 variants on `--half select` (the prompts that choose the block size) and measure only the winner on the test half."""
@@ -32,6 +32,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("drafters", nargs="*", help="name=folder")
 ap.add_argument("--data", default=sysconfig.get_paths()["stdlib"])
 ap.add_argument("--per-category", type=int, default=presets.DEMO.eval_prompts, help="prompts a category")
+ap.add_argument("-t", "--temperature", type=float, default=0.0, help="sampled at T, seeded per prompt")
 ap.add_argument("--half", choices=("test", "select"), default="test", help="which half of the held-out files")
 args = ap.parse_args()
 drafters = dict(a.split("=", 1) for a in args.drafters) or {"dflash": DEMO / "dflash", "eagle3": DEMO / "eagle3"}
@@ -46,7 +47,7 @@ data = corpus.collect([Path(args.data)], p.max_corpus_bytes)
 half = prompts.TEST if args.half == "test" else prompts.SELECT
 test = prompts.category_prompts(data.held_out, tok, args.per_category, EVAL_PROMPT, half)
 target = _load_target(DEMO / "target", torch.device("cpu"))
-print(f"{len(test)} held-out {args.half} prompts from {args.data}, {p.eval_tokens} greedy tokens each")
+print(f"{len(test)} held-out {args.half} prompts from {args.data}, {p.eval_tokens} tokens each at T {args.temperature}")
 SPANS = (0, 16, 48)  # where in the continuation a step starts: the first tokens after the prompt are the hardest
 for name, folder in drafters.items():
     kind = "eagle3" if "eagle3" in name else "dflash"
@@ -56,7 +57,7 @@ for name, folder in drafters.items():
     by_span = collections.defaultdict(lambda: [0, 0])  # span start -> [steps, tokens]
     for i, (_, ids) in enumerate(test):
         session.reset()
-        r = generate(session, decoder, Request(ids, SamplingParams(temperature=0.0, seed=i), p.eval_tokens, (eos,)))
+        r = generate(session, decoder, Request(ids, SamplingParams(temperature=args.temperature, seed=i), p.eval_tokens, (eos,)))
         hist.update(s.accepted for s in r.steps)
         done = 0
         for s in r.steps:  # τ as `evaluate` counts it: cut at the budget and stops
