@@ -1,6 +1,7 @@
-"""Where along a draft the demo's drafters lose: generations (greedy by default) from the held-out test prompts (the `evaluate`
-stage's, training/prompts.py) on the CPU, and per drafter τ, τ by where in the continuation a step starts, the
-histogram of accepted drafts a step and the conditional acceptance P(draft j+1 accepted | the first j were).
+"""Where along a draft the demo's drafters lose: generations (greedy by default) from the held-out test prompts
+(the `evaluate` stage's, training/prompts.py) on the CPU, and per drafter τ, τ by where in the continuation a step
+starts, the histogram of accepted drafts a step and the conditional acceptance P(draft j+1 accepted | the first j
+were).
 Usage (one core is enough; about 30 s at the evaluation's 4 prompts a category):
     python benchmarks/demo_acceptance.py [name=folder ...] [--data ROOT] [--per-category N] [--half select] [-t T]
 Names containing "eagle3" load as EAGLE-3 drafters, the others as DFlash; by default the shipped two. ROOT: the
@@ -47,17 +48,19 @@ data = corpus.collect([Path(args.data)], p.max_corpus_bytes)
 half = prompts.TEST if args.half == "test" else prompts.SELECT
 test = prompts.category_prompts(data.held_out, tok, args.per_category, EVAL_PROMPT, half)
 target = _load_target(DEMO / "target", torch.device("cpu"))
-print(f"{len(test)} held-out {args.half} prompts from {args.data}, {p.eval_tokens} tokens each at T {args.temperature}")
+print(f"{len(test)} held-out {args.half} prompts from {args.data}, {p.eval_tokens} tokens each at T "
+      f"{args.temperature}")
 SPANS = (0, 16, 48)  # where in the continuation a step starts: the first tokens after the prompt are the hardest
 for name, folder in drafters.items():
     kind = "eagle3" if "eagle3" in name else "dflash"
     decoder = SpeculativeDecoder(load(kind, Path(folder), target), p.draft_len if kind == "eagle3" else None)
     session = Session(target, EVAL_PROMPT + p.eval_tokens + 32)
-    hist, committed = collections.Counter(), 0
+    hist = collections.Counter()
     by_span = collections.defaultdict(lambda: [0, 0])  # span start -> [steps, tokens]
     for i, (_, ids) in enumerate(test):
         session.reset()
-        r = generate(session, decoder, Request(ids, SamplingParams(temperature=args.temperature, seed=i), p.eval_tokens, (eos,)))
+        params = SamplingParams(temperature=args.temperature, seed=i)
+        r = generate(session, decoder, Request(ids, params, p.eval_tokens, (eos,)))
         hist.update(s.accepted for s in r.steps)
         done = 0
         for s in r.steps:  # τ as `evaluate` counts it: cut at the budget and stops
@@ -65,9 +68,8 @@ for name, folder in drafters.items():
             span[0] += 1
             span[1] += len(s.emitted)
             done += len(s.emitted)
-        committed += done
     steps = sum(hist.values())
-    tau = committed / steps
+    tau = sum(t for _, t in by_span.values()) / steps
     reach = [sum(v for k, v in hist.items() if k >= j) for j in range(max(hist) + 2)]
     cond = " ".join(f"{reach[j + 1] / reach[j]:.2f}" for j in range(max(hist)) if reach[j])
     print(f"{name}: τ {tau:.2f} over {steps} steps; P(draft j+1 | j) for j = 0..: {cond}")

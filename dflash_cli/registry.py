@@ -147,10 +147,10 @@ def trained_run(folder: Path) -> ModelEntry | None:
                       bench_prompts=PACKAGED.with_name("bench") / "python.jsonl")
 
 
-# The built-in engine samples with the first three; serve hands all of them to an external engine (vLLM, SGLang),
-# which takes the penalties and min_p the model cards give (Qwen3.5's presence_penalty).
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty")
+SAMPLED_KEYS = ("temperature", "top_p", "top_k")  # what the built-in engine samples with
+# serve hands all of them to an external engine (vLLM, SGLang), which takes the penalties and min_p the model cards
+# give (Qwen3.5's presence_penalty).
+GENERATION_KEYS = SAMPLED_KEYS + ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 def _check_values(name: str, spec: dict, path: Path) -> None:

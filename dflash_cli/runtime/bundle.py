@@ -9,7 +9,7 @@ import torch
 
 from ..errors import DflashError
 from .sampling import SamplingParams
-from ..registry import ModelEntry
+from ..registry import SAMPLED_KEYS, ModelEntry
 from ..loading.config import Qwen3Config, Qwen35Config, read_json, target_config
 from ..loading.tokenizer import ChatTokenizer
 
@@ -60,7 +60,7 @@ class Bundle:
         if gen.is_file():
             raw = read_json(gen, "generation config")
             if raw.get("do_sample", True):
-                out = {k: raw[k] for k in ("temperature", "top_p", "top_k") if k in raw}
+                out = {k: raw[k] for k in SAMPLED_KEYS if k in raw}
         out.update(self.entry.generation)
         return out
 
