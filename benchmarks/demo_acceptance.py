@@ -4,7 +4,7 @@ starts, the histogram of accepted drafts a step and the conditional acceptance P
 were).
 Usage (one core is enough; about 30 s at the evaluation's 4 prompts a category):
     python benchmarks/demo_acceptance.py [name=folder ...] [--data ROOT] [--per-category N] [--half select] [-t T]
-Names containing "eagle3" load as EAGLE-3 drafters, the others as DFlash; by default the shipped two. ROOT: the
+Each folder's config.json tells its kind (DFlash, DFlash 2, EAGLE-3); by default the shipped two. ROOT: the
 Python source the held-out prompts come from (this interpreter's standard library by default). Compare recipe
 variants on `--half select` (the prompts that choose the block size) and measure only the winner on the test half."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dflash_cli.runtime.drafters import load  # noqa: E402
+from dflash_cli.runtime.drafters import detect_kind, load  # noqa: E402
 from dflash_cli.runtime.generation import Request, generate  # noqa: E402
 from dflash_cli.runtime.sampling import SamplingParams  # noqa: E402
 from dflash_cli.runtime.session import Session  # noqa: E402
@@ -52,7 +52,7 @@ print(f"{len(test)} held-out {args.half} prompts from {args.data}, {p.eval_token
       f"{args.temperature}")
 SPANS = (0, 16, 48)  # where in the continuation a step starts: the first tokens after the prompt are the hardest
 for name, folder in drafters.items():
-    kind = "eagle3" if "eagle3" in name else "dflash"
+    kind = detect_kind(Path(folder))
     decoder = SpeculativeDecoder(load(kind, Path(folder), target), p.draft_len if kind == "eagle3" else None)
     session = Session(target, EVAL_PROMPT + p.eval_tokens + 32)
     hist = collections.Counter()
