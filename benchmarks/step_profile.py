@@ -253,9 +253,20 @@ def dflash2_pieces(d2, added: float):
           f"{added * 1000:.1f} us")
 
 
+def same_block_dflash(model, block: int):
+    """A random DFlash drafter of Qwen3-4B's published depth and taps with DFlash 2's block (issue 46's base)."""
+    from pathlib import Path
+
+    from dflash_cli.models.dflash import DFlashConfig, DFlashDrafter, checkpoint_shapes
+    from dflash_cli.synthetic import random_tensors, shipped_configs
+
+    c = DFlashConfig(dict(shipped_configs("qwen3-4b")["dflash"], block_size=block), Path(f"<DFlash, block {block}>"))
+    return DFlashDrafter(c, random_tensors(checkpoint_shapes(c), model.device, model.dtype, 1), model)
+
+
 def dflash2_draft_costs(model, hidden, dflash, eager=False):
-    """DFlash 2's draft step against DFlash's of the same block and depth (issue 46: within 1.15x), as graph
-    replays of the proposers' steps: greedy (DFlash: its logits' argmax after the graph) and sampled at T = 0.7
+    """DFlash 2's draft step against DFlash's of the same block and depth (issue 46: within 1.15x), and against
+    the engine's DFlash drafter of block 16 keeping as many drafts, as graph replays of the proposers' steps: greedy (DFlash: its logits' argmax after the graph) and sampled at T = 0.7
     (drafts drawn, q rows written), DFlash 2 with its candidate selector and without (its convolutions alone);
     then its additions one by one (dflash2_pieces).
     eager: also the kernels of each DFlash 2 step run eagerly on the static path (launches per step)."""
@@ -266,17 +277,21 @@ def dflash2_draft_costs(model, hidden, dflash, eager=False):
 
     d2 = random_drafter("qwen3-4b", "dflash2", model)
     k = d2.block_size - 1
+    same = same_block_dflash(model, d2.block_size)
     greedy, hot = SamplingParams(), SamplingParams(temperature=0.7)
     sampling.begin(hot, model.device)
 
     def proposer(kind, selector=True, path="graphs"):
         d2.use_selector = selector
-        run = DFlashProposer(dflash) if kind == "dflash" else DFlash2Proposer(d2)
+        run = DFlashProposer({"dflash": dflash, "same": same}[kind]) if kind != "dflash2" else DFlash2Proposer(d2)
         run.reset(CTX + 256, path)
         run.absorb(hidden, 0)
         return run
 
-    cases = (("DFlash", "dflash", True), ("DFlash 2", "dflash2", True), ("DFlash 2, selector off", "dflash2", False))
+    # The issue's base is DFlash's draft of the same depth and block; the engine's DFlash drafter (block 16) drafts
+    # its whole block whatever the drafts a step keeps (runtime/drafters/dflash.py), so it is timed too.
+    cases = (("DFlash", "same", True), (f"DFlash, block {dflash.block_size}", "dflash", True),
+             ("DFlash 2", "dflash2", True), ("DFlash 2, selector off", "dflash2", False))
     times = {}
     for label, kind, selector in cases:
         run = proposer(kind, selector)
