@@ -49,6 +49,12 @@ def build(p: Preset, target, eos_id: int, mask_id: int, seed: int, block: int | 
 def block_logits(drafter: DFlashDrafter, seqs: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
     """Draft logits [b, n, size-1, V] of the blocks anchored at `anchors` [b, n] (the last committed
     token's position); each block sees the target's states before its anchor."""
+    h = block_states(drafter, seqs, anchors)
+    return drafter.head_logits(h.reshape(-1, h.shape[-1])).reshape(*h.shape[:3], -1)
+
+
+def block_states(drafter: DFlashDrafter, seqs: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """The draft rows' states [b, n, size-1, H] before the final norm (block_logits')."""
     target, size = drafter.target, drafter.block_size
     b, length = seqs.shape
     with torch.no_grad():
@@ -60,8 +66,7 @@ def block_logits(drafter: DFlashDrafter, seqs: torch.Tensor, anchors: torch.Tens
     drafter.context_rows(hidden, spans.ctx)
     block = torch.full((b, anchors.shape[1], size), drafter.c.mask_token_id, dtype=torch.long, device=seqs.device)
     block[:, :, 0] = seqs.gather(1, anchors)
-    h = drafter.block_states(block.reshape(-1), spans.block).reshape(b, anchors.shape[1], size, -1)[:, :, 1:]
-    return drafter.head_logits(h.reshape(-1, h.shape[-1])).reshape(b, anchors.shape[1], size - 1, -1)
+    return drafter.block_states(block.reshape(-1), spans.block).reshape(b, anchors.shape[1], size, -1)[:, :, 1:]
 
 
 def anchors(data: Distilled, size: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
