@@ -48,7 +48,8 @@ def examples(drafter, seqs, batches: int, rows: int, anchors: int, top_k: int, g
         data = distill.Distilled(r.tokens[:, :width], r.first, r.length)
         at, keep = dflash_stage.anchors(data, size, anchors, gen)
         with torch.no_grad():
-            x = ops.rms_norm(dflash_stage.block_states(drafter, data.tokens, at), drafter.norm, drafter.cfg.rms_norm_eps)
+            h = dflash_stage.block_states(drafter, data.tokens, at)
+            x = ops.rms_norm(h, drafter.norm, drafter.cfg.rms_norm_eps)
             unary, cand = torch.topk(drafter.normed_logits(x.reshape(-1, x.shape[-1])), top_k, dim=-1)
         b, n = at.shape
         tokens = data.tokens.gather(1, (at[:, :, None] + torch.arange(size)).reshape(b, -1)).reshape(b, n, size)
@@ -89,8 +90,7 @@ def train(ex: dict, val: dict, vocab: int, rank: int, steps: int, lr: float, dec
         sched.step()
         if step % 250 == 0 or step == steps - 1:
             with torch.no_grad():
-                every = slice(None)
-                picked = (scores(val, every).argmax(1) == val["idx"]).float()
+                picked = (scores(val, slice(None)).argmax(1) == val["idx"]).float()
                 alone = (val["unary"].argmax(1) == val["idx"]).float()
                 rows = " ".join(f"{int(r)}: {alone[val['row'] == r].mean():.3f} -> {picked[val['row'] == r].mean():.3f}"
                                 for r in (0, 1, 2, 4, 8, 14))

@@ -266,8 +266,8 @@ def same_block_dflash(model, block: int):
 
 def dflash2_draft_costs(model, hidden, dflash, eager=False):
     """DFlash 2's draft step against DFlash's of the same block and depth (issue 46: within 1.15x), and against
-    the engine's DFlash drafter of block 16 keeping as many drafts, as graph replays of the proposers' steps: greedy (DFlash: its logits' argmax after the graph) and sampled at T = 0.7
-    (drafts drawn, q rows written), DFlash 2 with its candidate selector and without (its convolutions alone);
+    the engine's DFlash drafter of block 16 keeping as many drafts, as graph replays of the proposers' steps:
+    greedy (DFlash: its logits' argmax after the graph) and sampled at T = 0.7 (drafts drawn, q rows written), DFlash 2 with its candidate selector and without (its convolutions alone);
     then its additions one by one (dflash2_pieces).
     eager: also the kernels of each DFlash 2 step run eagerly on the static path (launches per step)."""
     from dflash_cli.runtime import sampling
@@ -281,20 +281,20 @@ def dflash2_draft_costs(model, hidden, dflash, eager=False):
     greedy, hot = SamplingParams(), SamplingParams(temperature=0.7)
     sampling.begin(hot, model.device)
 
-    def proposer(kind, selector=True, path="graphs"):
+    def proposer(drafter, selector=True, path="graphs"):
         d2.use_selector = selector
-        run = DFlashProposer({"dflash": dflash, "same": same}[kind]) if kind != "dflash2" else DFlash2Proposer(d2)
+        run = DFlash2Proposer(d2) if drafter is d2 else DFlashProposer(drafter)
         run.reset(CTX + 256, path)
         run.absorb(hidden, 0)
         return run
 
     # The issue's base is DFlash's draft of the same depth and block; the engine's DFlash drafter (block 16) drafts
     # its whole block whatever the drafts a step keeps (runtime/drafters/dflash.py), so it is timed too.
-    cases = (("DFlash", "same", True), (f"DFlash, block {dflash.block_size}", "dflash", True),
-             ("DFlash 2", "dflash2", True), ("DFlash 2, selector off", "dflash2", False))
+    cases = (("DFlash", same, True), (f"DFlash, block {dflash.block_size}", dflash, True),
+             ("DFlash 2", d2, True), ("DFlash 2, selector off", d2, False))
     times = {}
-    for label, kind, selector in cases:
-        run = proposer(kind, selector)
+    for label, drafter, selector in cases:
+        run = proposer(drafter, selector)
         times[label] = [replay_ms(lambda: run.propose(5, k, params)) for params in (greedy, hot)]
         base = times["DFlash"]
         print(f"graph replay: {label} draft of {k} rows: greedy {times[label][0]:.3f} ms "
@@ -308,7 +308,7 @@ def dflash2_draft_costs(model, hidden, dflash, eager=False):
     dflash2_pieces(d2, on[0] - base[0])
     if eager:
         for params, mode in ((greedy, "greedy"), (hot, "sampled")):
-            run = proposer("dflash2", path="static")
+            run = proposer(d2, path="static")
             profile(lambda: run.propose(5, k, params), 5, f"DFlash 2 draft, {mode} (eager static)")
 
 
