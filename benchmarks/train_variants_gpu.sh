@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 44: recipe variants of the demo preset's drafters trained side by side on one GPU in one device call
 # (docs/demo-training.md), each a whole (unpaused) schedule: a variant names its steps so that it ends in time.
-# A variant is "STAGE:field=value;..." (STAGE dflash, the default, or eagle3; fields of training/presets.Preset).
+# A variant is "STAGE:field=value;..." (STAGE dflash, the default, eagle3 or selector: DFlash 2's candidate selector
+# over the shipped DFlash drafter; fields of training/presets.Preset).
 # H200 figures (2026-12-05): a DFlash step of 64 rows takes 46 ms alone at 32 anchors a row, 60 ms at 64; an
 # EAGLE-3 step 38 ms; two runs at once take about 1.5x as long each. The call ends training by END seconds.
 #
@@ -24,6 +25,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.tx
 # One folder with the target, the distillation data and the tokenized corpus; the variants are hard-linked copies.
 BASE=/tmp/vbase; mkdir -p "$BASE/work" "$BASE/target"
 cp dflash_cli/demo/target/* "$BASE/target/"
+cp -r dflash_cli/demo/dflash "$BASE/dflash"  # the shipped DFlash drafter, which the selector stage trains over
 python - "$BASE/training_info.json" <<'EOF'  # the shipped run's record, less what the variants redo
 import json, sys
 info = json.load(open("dflash_cli/demo/training_info.json"))
@@ -52,8 +54,8 @@ for i in "${!VARS[@]}"; do
   train "/tmp/v$((i + 1))" "${VARS[$i]}" "$LIMIT" "$OUT/v$((i + 1)).log" &
 done
 wait
-grep -h "dflash-b16\|eagle3\|paused\|error" "$OUT"/v*.log
+grep -h "dflash-b16\|eagle3\|selector\|paused\|error" "$OUT"/v*.log
 cd /tmp && tar -cf - $(ls -d v[0-9]*/training_info.json v[0-9]*/work/dflash-b16/*.json v[0-9]*/work/dflash-b16/*.safetensors \
-  v[0-9]*/eagle3 2>/dev/null) \
+  v[0-9]*/eagle3 v[0-9]*/dflash2 2>/dev/null) \
   | split -b 15m -d - "$OUT/run.tar."
 ls -la "$OUT"

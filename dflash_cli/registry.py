@@ -129,7 +129,7 @@ class Registry:
 
 
 def trained_run(folder: Path) -> ModelEntry | None:
-    """A `dflash train` output folder, laid out as the embedded demo (target/, dflash/, eagle3/): its target with the
+    """A `dflash train` output folder (target/, dflash/, dflash2/, eagle3/): its target with the
     drafters trained so far, the EAGLE-3 chain length it was evaluated at, and the demo's Python bench prompts."""
     if (folder / "config.json").is_file() or not ((folder / "target").is_dir() or (folder / "training_info.json").is_file()):
         return None
@@ -141,7 +141,8 @@ def trained_run(folder: Path) -> ModelEntry | None:
     except (OSError, ValueError, AttributeError):
         preset = {}
     preset = preset if isinstance(preset, dict) else {}
-    drafters = {k: Source(str(folder / k)) for k in ("dflash", "eagle3") if (folder / k / "model.safetensors").is_file()}
+    drafters = {k: Source(str(folder / k)) for k in ("dflash", "dflash2", "eagle3")
+                if (folder / k / "model.safetensors").is_file()}
     return ModelEntry(name=folder.name, target=Source(str(folder / "target")), drafters=drafters,
                       draft_len=preset.get("draft_len") if isinstance(preset.get("draft_len"), int) else None,
                       bench_prompts=PACKAGED.with_name("bench") / "python.jsonl")

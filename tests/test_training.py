@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dflash_cli.models.dflash import DFlashDrafter
+from dflash_cli.models.dflash2 import DFlash2Drafter
 from dflash_cli.models.eagle3 import Eagle3Drafter
 from dflash_cli.models.qwen3 import Qwen3Model
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
@@ -125,17 +126,19 @@ def trained(tmp_path_factory):
 def test_pipeline_writes_published_layouts_that_load(trained):
     tmp, _, info = trained
     out = tmp / "a"
-    for d in ("target", "dflash", "eagle3"):
+    for d in ("target", "dflash", "dflash2", "eagle3"):
         assert (out / d / "config.json").is_file() and (out / d / "model.safetensors").is_file()
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / "target" / f).is_file()
     target = Qwen3Model.load(out / "target")
     DFlashDrafter.load(out / "dflash", target)
+    DFlash2Drafter.load(out / "dflash2", target)
     Eagle3Drafter.load(out / "eagle3", target)
     saved = json.loads((out / "training_info.json").read_text())
     assert saved["data"]["files"] > 10
     # Every stage says how long it took and where; the evaluation ran on the demo's one CPU thread.
-    assert set(saved["stages"]) == {"data", "target", "distill", "dflash-b4", "dflash-b3", "block", "eagle3", "evaluate"}
+    assert set(saved["stages"]) == {"data", "target", "distill", "dflash-b4", "dflash-b3", "block", "selector", "eagle3",
+                                    "evaluate"}
     assert all(s["finished"] and s["seconds"] >= 0 and s["device"] for s in saved["stages"].values())
     assert saved["stages"]["evaluate"]["device"] == "cpu (1 thread)"
     # The block size is chosen between the candidates and the chosen drafter ships with it.
@@ -149,8 +152,8 @@ def test_pipeline_writes_published_layouts_that_load(trained):
     assert set(ev["temperatures"]) == {"T=0.0", "T=0.6"} and ev["threads"] == 1
     assert set(ev["categories"]) >= {"function body", "class body", "file start"}
     for t, modes in ev["temperatures"].items():
-        assert set(modes) == {"none", "dflash", "eagle3"}
-        for kind in ("dflash", "eagle3"):
+        assert set(modes) == {"none", "dflash", "dflash2", "eagle3"}
+        for kind in ("dflash", "dflash2", "eagle3"):
             assert set(modes[kind]["by_category"]) == set(ev["categories"])
             assert modes[kind]["mean_accepted"] >= 1
             if t == "T=0.0":
@@ -180,7 +183,16 @@ def test_pipeline_is_deterministic_and_resumes_exactly(trained):
         pauses.append(info["paused"]["stage"])
     assert "paused" not in info
     assert {"target", "distill", "dflash-b4", "dflash-b3", "eagle3"} <= set(pauses)
-    for f in ("target", "work/dflash-b4", "work/dflash-b3", "eagle3"):
+    # The selector over the drafter run a's block stage chose (that choice is timed, so not rerun here), paused
+    # after every step too.
+    shutil.copytree(tmp / "a" / "dflash", tmp / "b" / "dflash")
+    for _ in range(10):
+        info = run_tiny(tmp / "b", data, stages=("selector",), time_limit=0)
+        if "paused" not in info:
+            break
+        assert info["paused"]["stage"] == "selector"
+    assert "paused" not in info
+    for f in ("target", "work/dflash-b4", "work/dflash-b3", "dflash2", "eagle3"):
         a = (tmp / "a" / f / "model.safetensors").read_bytes()
         b = (tmp / "b" / f / "model.safetensors").read_bytes()
         assert a == b, f
@@ -424,9 +436,9 @@ def test_the_trained_folder_is_a_model_whose_drafters_are_found(trained, cli, tm
     tmp, _, _ = trained
     out = tmp / "a"
     entry = Registry.load().resolve(str(out))
-    assert entry.target.ref == str(out / "target") and set(entry.drafters) == {"dflash", "eagle3"}
+    assert entry.target.ref == str(out / "target") and set(entry.drafters) == {"dflash", "dflash2", "eagle3"}
     assert entry.draft_len == presets.TINY.draft_len and entry.bench_prompts.is_file()  # the chain it was evaluated at
-    for flags, kind in (([], "dflash"), (["--draft", "eagle3"], "eagle3")):
+    for flags, kind in (([], "dflash"), (["--draft", "dflash2"], "dflash2"), (["--draft", "eagle3"], "eagle3")):
         res = cli("generate", "--model", out, *flags, "-p", "def f(x):", "-n", "8", "--json")
         assert res.code == 0, res.err
         stats = json.loads(res.out)["stats"]

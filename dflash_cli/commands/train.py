@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..options import TrainOptions
 from ..errors import DflashError, Interrupted
 
-TRAINING = ("target", "distill", "dflash", "eagle3")  # the stages a GPU is for
+TRAINING = ("target", "distill", "dflash", "selector", "eagle3")  # the stages a GPU is for
 
 
 def run_train(o: TrainOptions, console: Console) -> dict:
@@ -69,7 +69,8 @@ def run_train(o: TrainOptions, console: Console) -> dict:
     finally:
         if progress.live.is_started:  # stopping one never started prints an empty line where stdout is no terminal
             progress.stop()
-    made = [str(o.out / d) for d in ("target", "dflash", "eagle3") if (o.out / d / "model.safetensors").is_file()]
+    made = [str(o.out / d) for d in ("target", "dflash", "dflash2", "eagle3")
+            if (o.out / d / "model.safetensors").is_file()]
     _say(console, f"trained: {', '.join(made) or 'nothing yet (only the tokenizer)'}")
     if info.get("stages"):
         _say(console, "stages: " + ", ".join(f"{k} {v['seconds']:.0f} s on {v['device']}"

@@ -53,20 +53,23 @@ def block_logits(drafter: DFlashDrafter, seqs: torch.Tensor, anchors: torch.Tens
     return drafter.head_logits(h.reshape(-1, h.shape[-1])).reshape(*h.shape[:3], -1)
 
 
-def block_states(drafter: DFlashDrafter, seqs: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-    """The draft rows' states [b, n, size-1, H] before the final norm (block_logits')."""
+def block_states(drafter: DFlashDrafter, seqs: torch.Tensor, anchors: torch.Tensor, target_logits: bool = False):
+    """The draft rows' states [b, n, size-1, H] before the final norm (block_logits'); with target_logits, also the
+    target's logits at every position of seqs [b, length, V] (from the same forward)."""
     target, size = drafter.target, drafter.block_size
     b, length = seqs.shape
     with torch.no_grad():
-        hidden = target.run(seqs.reshape(-1), CausalBatch(b, length, target.cos, target.sin), drafter.capture,
-                            False).hidden
+        out = target.run(seqs.reshape(-1), CausalBatch(b, length, target.cos, target.sin), drafter.capture,
+                         target_logits)
+    hidden = out.hidden
     m = drafter.cfg
     cos, sin = ops.rope_tables(m.head_dim, m.rope_theta, length + size, seqs.device)  # a block may pass the end
     spans = DFlashBlocks(anchors, length, size, cos, sin)
     drafter.context_rows(hidden, spans.ctx)
     block = torch.full((b, anchors.shape[1], size), drafter.c.mask_token_id, dtype=torch.long, device=seqs.device)
     block[:, :, 0] = seqs.gather(1, anchors)
-    return drafter.block_states(block.reshape(-1), spans.block).reshape(b, anchors.shape[1], size, -1)[:, :, 1:]
+    states = drafter.block_states(block.reshape(-1), spans.block).reshape(b, anchors.shape[1], size, -1)[:, :, 1:]
+    return (states, out.logits.view(b, length, -1)) if target_logits else states
 
 
 def anchors(data: Distilled, size: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,10 +42,10 @@ def cpu_threads(n: int):
 
 def evaluate(target, eos: int, prompts: list[tuple[str, list[int]]], p: Preset, drafters: dict[str, Path], note,
              temperatures=TEMPERATURES) -> dict:
-    """target: the model from out/target on the device it runs on; drafters: name -> folder (dflash or eagle3 by
-    its config). Returns per temperature and mode: generated tokens, tok/s, mean accepted length (τ: tokens
+    """target: the model from out/target on the device it runs on; drafters: name -> folder (DFlash, DFlash 2 or
+    EAGLE-3 by its config). Returns per temperature and mode: generated tokens, tok/s, mean accepted length (τ: tokens
     committed per target step) overall and per category, and (greedy) whether the output equals plain."""
-    from ..runtime.drafters import load
+    from ..runtime.drafters import detect_kind, load
 
     results = {}
     for temp in temperatures:
@@ -53,7 +53,7 @@ def evaluate(target, eos: int, prompts: list[tuple[str, list[int]]], p: Preset, 
         plain = _run(target, PlainDecoder(), prompts, params, p, eos)
         modes = {"none": plain}
         for name, folder in drafters.items():
-            kind = "eagle3" if "eagle3" in name else "dflash"
+            kind = detect_kind(folder)
             decoder = SpeculativeDecoder(load(kind, folder, target), p.draft_len if kind == "eagle3" else None)
             r = _run(target, decoder, prompts, params, p, eos)
             if temp == 0:

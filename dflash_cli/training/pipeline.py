@@ -1,4 +1,5 @@
-"""`dflash train demo`: tokenizer -> target -> distillation data -> DFlash -> block size -> EAGLE-3 -> evaluation.
+"""`dflash train demo`: tokenizer -> target -> distillation data -> DFlash -> block size -> DFlash 2's selector ->
+EAGLE-3 -> evaluation.
 
 Every stage leaves its result in the output folder and is skipped when that result exists; a stage
 cut short (an error, or a second Ctrl-C) resumes from its last checkpoint under `work/`; `time_limit` reached or a
@@ -23,6 +24,7 @@ from ..layers import ops
 from . import bpe, corpus, distill, presets, prompts
 from . import dflash as dflash_stage
 from . import eagle3 as eagle3_stage
+from . import selector as selector_stage
 from . import target as target_stage
 from .evaluate import THREADS, WHERE, cpu_threads, device_name, evaluate
 from .loop import Paused, Report, autocast, optimise
@@ -34,7 +36,7 @@ DEFAULT = "T=0.0"  # the demo's default decoding (greedy: its generation_config)
 # tok/s in two runs of the block stage on a 2-core CPU (2026-12-04).
 SPEED_TIE = 0.10
 
-STAGES = ("tokenizer", "target", "distill", "dflash", "block", "eagle3", "evaluate")
+STAGES = ("tokenizer", "target", "distill", "dflash", "block", "selector", "eagle3", "evaluate")
 Note = Callable[[str], None]
 CPU = torch.device("cpu")
 
@@ -111,7 +113,7 @@ class _Run:
         versions = {k: v for k, v in info.get("versions", {}).items() if k not in ("torch", "device")}
         info["versions"] = {**versions, device_name(device): torch.__version__}
         self.write_info()  # now, so that a cut-short run is resumed only with its own settings
-        tdir, ddir, edir = out / "target", out / "dflash", out / "eagle3"
+        tdir, ddir, sdir, edir = out / "target", out / "dflash", out / "dflash2", out / "eagle3"
         here = device_name(device)
 
         with self.timed("data", "cpu"):
@@ -157,7 +159,7 @@ class _Run:
         first = work / f"dflash-b{p.block_size}"
         candidates = {b: work / f"dflash-b{b}" for b in (p.block_size, *p.block_sizes)}  # the first one first
         needs_data = ("distill" in stages or ("dflash" in stages and not all(map(_done, candidates.values())))
-                      or ("eagle3" in stages and not _done(edir)))
+                      or ("selector" in stages and not _done(sdir)) or ("eagle3" in stages and not _done(edir)))
         parts = work / "distill"
         last_part = parts / distill.part_name(distill.parts(p) - 1)  # written last: the data is complete
         if needs_data and not last_part.is_file():
@@ -181,6 +183,12 @@ class _Run:
                 raise DflashError(f"no trained drafter in {', '.join(missing)}: run the dflash stage first")
             self.unless_interrupted("block")
             self.choose_block(tok, data, eos, candidates, ddir)
+
+        if not _done(sdir) and "selector" in stages:
+            if not _done(ddir):
+                raise DflashError(f"no DFlash drafter in {ddir}: run the dflash and block stages first")
+            with self.timed("selector", here):
+                self.train_selector(target, seqs, eos, mask, ddir, sdir)
 
         if not _done(edir) and "eagle3" in stages:
             with self.timed("eagle3", here):
@@ -212,7 +220,7 @@ class _Run:
                 cpu_target = _load_target(tdir, CPU)
                 test = prompts.category_prompts(data.held_out, tok, p.eval_prompts, 64, prompts.TEST)
                 # eagle3-shipped: a drafter kept for comparison (benchmarks/train_demo_gpu.sh puts the shipped one there)
-                drafters = {k: out / k for k in ("dflash", "eagle3", "eagle3-shipped") if _done(out / k)}
+                drafters = {k: out / k for k in ("dflash", "dflash2", "eagle3", "eagle3-shipped") if _done(out / k)}
                 info["evaluation"] = evaluate(cpu_target, eos, test, p, drafters, note)
             info["evaluation"]["held_out_loss"] = target_stage.held_out_loss(target, held_ids, min(512, p.context))
             note(f"target held-out loss {info['evaluation']['held_out_loss']:.3f} nats/token")
@@ -257,6 +265,20 @@ class _Run:
         self.optimise(folder.name, params, lambda g: dflash_stage.loss(
             drafter, _rows(seqs, p.dflash_batch, g), p.dflash_blocks, g), steps, p.drafter_lr)
         dflash_stage.export(drafter, p, eos, mask, folder)
+
+    def train_selector(self, target, seqs, eos, mask, ddir: Path, sdir: Path) -> None:
+        """DFlash 2's candidate selector over the frozen shipped DFlash drafter (training/selector.py)."""
+        p = self.p
+        block = json.loads((ddir / "config.json").read_text())["block_size"]
+        drafter, _ = dflash_stage.build(p, target, eos, mask, self.seed, block, ddir)
+        params = [q.to(self.device).detach().requires_grad_() for q in selector_stage.build(
+            p.vocab_size, p.hidden, p.selector_rank, self.seed + 3)]
+        self.note(f"selector: top-{p.selector_top_k} candidates, rank {p.selector_rank}, over the block-{block} "
+                  f"drafter; {p.selector_steps} steps of {p.dflash_batch} rows x {p.selector_anchors} blocks")
+        self.optimise("selector", params, lambda g: selector_stage.loss(
+            params, drafter, _rows(seqs, p.dflash_batch, g), p.selector_anchors, p.selector_top_k, g),
+            p.selector_steps, p.selector_lr)
+        selector_stage.export(ddir, sdir, params, p.selector_top_k)
 
     def choose_block(self, tok, data, eos: int, folders: dict[int, Path], ddir: Path) -> None:
         """Measures every candidate drafter (block size -> folder) on the held-out selection prompts (CPU, the

@@ -71,6 +71,14 @@ class Preset:
     eval_prompts: int  # per category of held-out prompts
     eval_tokens: int
     save_every: int = 250  # steps between resumable checkpoints
+    # DFlash 2's candidate selector over the shipped DFlash drafter (training/selector.py): K candidates a row,
+    # codebooks of rank R, steps of dflash_batch rows x selector_anchors blocks. K 8 and R 16 from the CPU
+    # experiments (docs/demo-training.md): R 32-64 fit the held-out rows better and accepted less at T 0.6.
+    selector_top_k: int = 8
+    selector_rank: int = 16
+    selector_anchors: int = 8
+    selector_steps: int = 1500
+    selector_lr: float = 3e-3
     eagle3_layers: tuple[int, ...] = ()  # EAGLE-3's target taps (inputs of these layers); () is (2, L/2, L-3)
 
     def summary(self) -> dict:
@@ -119,6 +127,7 @@ TINY = replace(
     distill_batch=4, dflash_layers=2, dflash_target_layers=(0, 2), block_size=4,  # z-lab's spread repeats a tap at 4
     dflash_blocks=3, dflash_batch=3, dflash_steps=4, block_sizes=(4, 3), block_steps=2,
     draft_vocab=200, ttt_steps=3, eagle3_steps=4, draft_len=3, drafter_batch=3, eval_prompts=1, eval_tokens=12, save_every=2,
+    selector_top_k=4, selector_rank=4, selector_anchors=2, selector_steps=3,
 )
 
 PRESETS = {p.name: p for p in (DEMO, TINY)}
