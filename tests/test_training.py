@@ -134,6 +134,12 @@ def test_pipeline_writes_published_layouts_that_load(trained):
     DFlashDrafter.load(out / "dflash", target)
     DFlash2Drafter.load(out / "dflash2", target)
     Eagle3Drafter.load(out / "eagle3", target)
+    # The selector stage's drafter is the shipped DFlash drafter with identity convolutions and a selector: loaded as
+    # DFlash (its block drafter alone) it is that drafter, tensor for tensor.
+    from dflash_cli.training.params import dflash_tensors
+
+    block, with_selector = (dflash_tensors(DFlashDrafter.load(out / d, target)) for d in ("dflash", "dflash2"))
+    assert block.keys() == with_selector.keys() and all(torch.equal(block[k], with_selector[k]) for k in block)
     saved = json.loads((out / "training_info.json").read_text())
     assert saved["data"]["files"] > 10
     # Every stage says how long it took and where; the evaluation ran on the demo's one CPU thread.

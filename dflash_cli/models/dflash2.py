@@ -236,6 +236,25 @@ class CandidateSelector:
         return tokens, torch.cat(rows) if rows else None
 
 
+def load_block_drafter(path: Path, target, window: int) -> DFlashDrafter:
+    """A DFlash 2 checkpoint whose convolutions are all the identity (base kernel 1 on the row itself and 0 before
+    it, no correction: `dflash train`'s selector stage writes these) is a DFlash drafter with a candidate selector:
+    its DFlash drafter alone (the selector's tensors unread), the same drafts as DFlash 2's with the selector off.
+    Any other DFlash 2 checkpoint is DFlash 2's only."""
+    c = DFlash2Config(read_json(path / "config.json", "drafter config"), path / "config.json", window)
+    tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device, ignore_prefixes=IGNORED,
+                           rename=rename, role="DFlash 2 drafter")
+    for i in range(c.model.num_hidden_layers):
+        for conv in ("attention_conv", "mlp_conv"):
+            d = DynamicConv.take(tensors, f"layers.{i}.{conv}.")
+            if not (torch.all(d.base[:, 0] == 1) and torch.all(d.base[:, 1:] == 0) and torch.all(d.projection == 0)):
+                raise DflashError(f"{path} is a DFlash 2 drafter (dynamic convolutions, candidate selector): "
+                                  "load it as one (--draft dflash2, or its folder)")
+    for name in [k for k in tensors if k.startswith("candidate_selector.")]:
+        del tensors[name]
+    return DFlashDrafter(c, tensors, target, source=str(path))
+
+
 class DFlash2Drafter(DFlashDrafter):
     def __init__(self, c: DFlash2Config, tensors: dict[str, torch.Tensor], target, source: str = "drafter",
                  selector: bool | None = None):
