@@ -44,14 +44,6 @@ CHECK = textwrap.dedent("""
                     want_h = convolve(x, delta, base, h)
                     assert rel(got_h, want_h) <= tol and rel(got_x, ops.rms_norm(want_h, weight, 1e-6)) <= tol
 
-    # The embeddings and the first norm in one kernel: the gather exact, the norm as rms_norm's.
-    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, BF16)):
-        embed, weight = randn(30, 48, dtype=dtype), 1 + 0.1 * randn(48, dtype=dtype)
-        ids = torch.tensor([4, 29, 0, 4, 17])
-        assert kernel.embed_fits(embed, weight)
-        got_h, got_x = kernel.embed_rms_norm(ids, embed, weight, 1e-6)
-        assert torch.equal(got_h, embed[ids]) and rel(got_x, ops.rms_norm(embed[ids], weight, 1e-6)) <= tol
-
     # The selector: K candidates of V tokens, rank R; the codebooks in float32 and bf16 (the model's dtype).
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, BF16)):
         for k, K, R, V in ((7, 16, 40, 300), (3, 5, 16, 50), (1, 64, 100, 500)):
@@ -142,9 +134,8 @@ DISPATCH = textwrap.dedent("""
     from dflash_cli.kernels import sampling
     sampling.CHUNK = 128  # the selector's top-k: three chunks of the 384 tokens (the interpreter is slow on big ones)
     calls = {}
-    module = counting(kernel, ("embed_rms_norm", "dynamic_conv", "conv_add_rms_norm", "top_k", "selector_scores",
-                               "selector_walk"), ("embed_fits", "conv_fits", "top_k_fits", "scores_fit", "walk_fits"),
-                      calls)
+    module = counting(kernel, ("dynamic_conv", "conv_add_rms_norm", "top_k", "selector_scores", "selector_walk"),
+                      ("conv_fits", "top_k_fits", "scores_fit", "walk_fits"), calls)
     prompt = torch.randint(0, 300, (9,), generator=torch.Generator().manual_seed(2)).tolist()
     def run(params):
         session = Session(target, max_len=64, path="static")
@@ -158,7 +149,7 @@ DISPATCH = textwrap.dedent("""
         finally:
             ops.model_kernels = saved
         assert got == want, (params, got, want)
-    assert calls["embed_rms_norm"] >= 4 and calls["dynamic_conv"] >= 4 and calls["conv_add_rms_norm"] >= 4, calls
+    assert calls["dynamic_conv"] >= 4 and calls["conv_add_rms_norm"] >= 4, calls
     assert calls["top_k"] >= 2 and calls["selector_scores"] >= 2 and calls["selector_walk"] >= 2, calls
     print("ok", calls)
 """)

@@ -4,15 +4,13 @@
   calls per layer), with the sublayer's residual add where given. Each program a block of channels for every row.
   `conv_add_rms_norm`: the same convolution of a sublayer's output, its residual add and the next sublayer's
   RMSNorm, one program a row (a sublayer's end and the next one's start: the norm costs no launch of its own).
-  `embed_rms_norm`: the block's embeddings and the first sublayer's RMSNorm of them (the gather and the norm).
 - `top_k`: the candidate selector's top-K of each row's logits (kernels/sampling.top_k; torch: radix selection).
 - `selector_scores`: the candidate selector's scores [k, K, K] from the top-K candidates and their logits, the
   anchor and the rows' projected states (torch: a cat, two gathers, a product, a batched product and an add). One
   program per draft row, its K x K edges one small float32 product (Triton's interpreter has no bf16 tl.dot).
-- `selector_walk`: the walk over those scores, one program for the whole block, all its scores loaded before the
-  first pick (torch: 2-3 kernels per draft row, and a softmax and a draw per row when sampling). Sampled, it draws
-  with the exponential race on noise drawn by torch before it (`noise`, Exp(1) [k, K]), so the RNG is the
-  generator the torch path's `race` draws from.
+- `selector_walk`: the walk over those scores, one program for the whole block (torch: 2-3 kernels per draft row,
+  and a softmax and a draw per row when sampling). Sampled, it draws with the exponential race on noise drawn by
+  torch before it (`noise`, Exp(1) [k, K]), so the RNG is the generator the torch path's `race` draws from.
 
 Each rounds where the torch reference rounds (products and sums of the model's dtype rounded to it): bf16 results
 are the reference's up to the order of a sum (the selector's edges, the norm's squares) and float32 ones agree to a
@@ -133,40 +131,6 @@ def conv_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, 
 
 
 @triton.jit
-def _embed_rms_norm_kernel(ids_ptr, embed_ptr, w_ptr, h_out, x_out, H, stride_e, eps, BLOCK: tl.constexpr,
-                           PDL: tl.constexpr):
-    pdl_start(PDL)
-    t = tl.program_id(0)
-    c = tl.arange(0, BLOCK)
-    real = c < H
-    dt = h_out.dtype.element_ty
-    h = tl.load(embed_ptr + tl.load(ids_ptr + t).to(tl.int64) * stride_e + c, mask=real, other=0.0)
-    tl.store(h_out + t * H + c, h, mask=real)
-    hf = h.to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / H + eps)  # as elementwise's RMSNorm
-    norm = tl.load(w_ptr + c, mask=real, other=0.0).to(tl.float32)
-    tl.store(x_out + t * H + c, ((hf * r).to(dt).to(tl.float32) * norm).to(dt), mask=real)
-
-
-def embed_fits(embed: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `embed_rms_norm` takes these: unit-stride embedding rows, the norm weight in their dtype."""
-    return embed.stride(1) == 1 and weight.is_contiguous() and weight.dtype == embed.dtype
-
-
-def embed_rms_norm(ids: torch.Tensor, embed: torch.Tensor, weight: torch.Tensor,
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block's embeddings and the first sublayer's RMSNorm of them in one kernel: ids [T] -> (h = embed[ids],
-    its RMSNorm by `weight`) [T, H]. One program a row (embed_fits)."""
-    rows, h = ids.shape[0], embed.shape[1]
-    h_out = torch.empty((rows, h), dtype=embed.dtype, device=embed.device)
-    x_out = torch.empty_like(h_out)
-    block = triton.next_power_of_2(h)
-    _embed_rms_norm_kernel[(rows,)](ids, embed, weight, h_out, x_out, h, embed.stride(0), eps, BLOCK=block,
-                                    num_warps=8 if block >= 8192 else 4, **launch_options(embed.device))
-    return h_out, x_out
-
-
-@triton.jit
 def _selector_scores_kernel(cand_ptr, unary_ptr, anchor_ptr, proj_ptr, a_ptr, b_ptr, out_ptr, K, R, stride_c,
                             stride_u, stride_p, stride_a, stride_b, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                             PDL: tl.constexpr):
@@ -220,42 +184,27 @@ def selector_scores(candidates: torch.Tensor, unary: torch.Tensor, anchor: torch
 
 @triton.jit
 def _selector_walk_kernel(cand_ptr, scores_ptr, temp_ptr, noise_ptr, tokens_ptr, q_ptr, ROWS, K, stride_c,
-                          stride_si, stride_sa, stride_n, stride_q, SAMPLED: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                          BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                          stride_si, stride_sa, stride_n, stride_q, SAMPLED: tl.constexpr, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr):
     pdl_start(PDL)
-    # The whole block's scores, candidates (and noise) in registers first: the walk's rows then wait on no load
-    # (a row's load after the previous pick cost ~1.2 µs of L2 latency each).
-    i = tl.arange(0, BLOCK_ROWS)
     n = tl.arange(0, BLOCK_K)
-    rows, real = i < ROWS, n < K
-    every = rows[:, None, None] & real[None, :, None] & real[None, None, :]
-    scores = tl.load(scores_ptr + i[:, None, None] * stride_si + n[None, :, None] * stride_sa + n[None, None, :],
-                     mask=every, other=float("-inf")).to(tl.float32)
-    cands = tl.load(cand_ptr + i[:, None] * stride_c + n[None, :], mask=rows[:, None] & real[None, :], other=0)
-    if SAMPLED:
-        noises = tl.load(noise_ptr + i[:, None] * stride_n + n[None, :], mask=rows[:, None] & real[None, :],
-                         other=1.0)
-        temperature = tl.load(temp_ptr)
+    real = n < K
     pick = tl.program_id(0) * 0  # row 0 follows the anchor: scores[0, a] alike for every a
-    for r in range(ROWS):
-        # row r's scores after the row before's pick: the one [r, pick, :] slice, summed out of the others
-        chosen = (i[:, None, None] == r) & (n[None, :, None] == pick)
-        row = tl.sum(tl.sum(tl.where(chosen, scores, 0.0), axis=0), axis=0)
-        row = tl.where(real, row, float("-inf"))
-        at_r = i[:, None] == r
+    for i in range(ROWS):
+        row = tl.load(scores_ptr + i * stride_si + pick * stride_sa + n, mask=real, other=float("-inf"))
+        row = row.to(tl.float32)
         if SAMPLED:
-            s = row / temperature
+            s = row / tl.load(temp_ptr)
             e = tl.where(real, tl.exp(s - tl.max(s, 0)), 0.0)
             q = e / tl.sum(e, 0)
-            tl.store(q_ptr + r * stride_q + n, q, mask=real)
-            noise = tl.sum(tl.where(at_r, noises, 0.0), axis=0)
+            tl.store(q_ptr + i * stride_q + n, q, mask=real)
+            noise = tl.load(noise_ptr + i * stride_n + n, mask=real, other=1.0)
             race = tl.where(real, q / tl.maximum(noise, TINY), -1.0)  # argmax(q / Exp(1)) draws from q
             pick = tl.argmax(race, 0, tie_break_left=True)
         else:
             row = tl.where(row != row, float("inf"), row)  # torch's argmax takes a NaN
             pick = tl.argmax(row, 0, tie_break_left=True)
-        token = tl.sum(tl.sum(tl.where(at_r & (n[None, :] == pick), cands, 0), axis=0), axis=0)
-        tl.store(tokens_ptr + r, token)
+        tl.store(tokens_ptr + i, tl.load(cand_ptr + i * stride_c + pick))
 
 
 def selector_walk(candidates: torch.Tensor, scores: torch.Tensor, temperature=None, noise=None):
@@ -271,26 +220,12 @@ def selector_walk(candidates: torch.Tensor, scores: torch.Tensor, temperature=No
     _selector_walk_kernel[(1,)](candidates, scores, temperature if sampled else scores, noise if sampled else scores,
                                 tokens, q if sampled else tokens, k, K, candidates.stride(0), scores.stride(0),
                                 scores.stride(1), noise.stride(0) if sampled else 0, K, SAMPLED=sampled,
-                                BLOCK_ROWS=_walk_rows(k), BLOCK_K=_walk_width(K), num_warps=4,
+                                BLOCK_K=max(16, triton.next_power_of_2(K)), num_warps=1,
                                 **launch_options(scores.device))
     return tokens, q
 
 
-WALK_MAX_SCORES = 16384  # scores one walk program holds in registers (32 rows of K 16; 128 threads x 128)
-
-
-def _walk_rows(k: int) -> int:
-    return max(2, triton.next_power_of_2(k))
-
-
-def _walk_width(K: int) -> int:
-    return max(16, triton.next_power_of_2(K))
-
-
 def walk_fits(candidates: torch.Tensor, scores: torch.Tensor, temperature=None) -> bool:
-    """Whether `selector_walk` takes these (its noise: contiguous float32 [k, K]): the block's scores fit one
-    program's registers (WALK_MAX_SCORES)."""
-    k, K = candidates.shape
-    return (candidates.stride(1) == 1 and scores.stride(2) == 1
-            and _walk_rows(k) * _walk_width(K) ** 2 <= WALK_MAX_SCORES
+    """Whether `selector_walk` takes these (its noise: contiguous float32 [k, K])."""
+    return (candidates.stride(1) == 1 and scores.stride(2) == 1 and candidates.shape[1] <= 1024
             and (temperature is None or temperature.dtype == torch.float32))

@@ -38,7 +38,7 @@ from ..errors import DflashError
 from ..layers import ops
 from ..loading.config import read_json
 from ..loading.weights import load_tensors
-from .decoder import mlp_rows, self_attention
+from .decoder import self_attention
 from .dflash import DFLASH2_MARKERS, DFlashConfig, DFlashDrafter, checkpoint_shapes as dflash_shapes
 
 SIZES = DFLASH2_MARKERS  # conv_kernel_size, conv_group_size, selector_rank, selector_top_k
@@ -159,11 +159,10 @@ class DynamicConv:
     base: torch.Tensor  # [2, taps, H]: the input's kernel, then the output's
     projection: torch.Tensor  # [2 * taps * G, H]: both corrections from the sublayer's normed input
 
-    def prepare(self, x: torch.Tensor, then=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] (normed) -> (the input convolved, the output convolution's correction [T, taps, G]).
-        then: the weight the sublayer reads first (ops.linear's warm hint)."""
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] (normed) -> (the input convolved, the output convolution's correction [T, taps, G])."""
         taps = self.base.shape[1]
-        delta = ops.linear(x, self.projection, then=then).view(x.shape[0], 2, taps, -1)
+        delta = ops.linear(x, self.projection).view(x.shape[0], 2, taps, -1)
         return convolve(x, delta[:, 0], self.base[0]), delta[:, 1]
 
     def finish(self, y: torch.Tensor, delta: torch.Tensor, residual: torch.Tensor, norm: torch.Tensor | None = None,
@@ -282,38 +281,26 @@ class DFlash2Drafter(DFlashDrafter):
     def block_states(self, block: torch.Tensor, span, final_norm: bool = False) -> torch.Tensor:
         """DFlash's layers with each sublayer between its two convolutions:
         h + finish(Attention(prepare(RMSNorm(h)))), then h + finish(MLP(prepare(RMSNorm(h)))).
-        `finish` adds the residual and gives the next sublayer's RMSNorm too (after the last, the final norm).
-        Each product names the weight read after it, as run_layers' do (the GPU warms its first rows into L2)."""
+        `finish` adds the residual and gives the next sublayer's RMSNorm too (after the last, the final norm)."""
         m, c = self.cfg, self.c
-        sublayers = []  # (its convolutions, the norm before it, the sublayer, the weight it reads first)
+        h = self.target.embed[block]
+        if c.embedding_scale != 1.0:
+            h = h * c.embedding_scale
+        sublayers = []  # (its convolutions, the norm before it, the sublayer)
         for i, (layer, (attn_conv, mlp_conv)) in enumerate(zip(self.layers, self.convs)):
-            def attention(x, then, layer=layer, i=i):
-                return ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o, then=then)
+            def attention(x, layer=layer, i=i):
+                return ops.linear(self_attention(layer, x, m, span, i, self.scale), layer.o)
 
-            def mlp(x, then, layer=layer):
-                return ops.linear(ops.swiglu(x, layer.gate_up, then=layer.down), layer.down, then=then)
+            def mlp(x, layer=layer):
+                return ops.linear(ops.swiglu(x, layer.gate_up), layer.down)
 
-            sublayers += [(attn_conv, layer.input_norm, attention, layer.qkv),
-                          (mlp_conv, layer.post_norm, mlp, mlp_rows(layer))]
-        norms = [norm for _, norm, _, _ in sublayers[1:]] + [self.norm if final_norm else None]
-        reads_next = [conv.projection for conv, _, _, _ in sublayers[1:]] + [self.target.lm_head]
-        h, x = self.embed_norm(block, sublayers[0][1])
-        for (conv, _, sublayer, first), norm, then in zip(sublayers, norms, reads_next):
-            y, delta = conv.prepare(x, then=first)
-            h, x = conv.finish(sublayer(y, then), delta, h, norm, m.rms_norm_eps)
+            sublayers += [(attn_conv, layer.input_norm, attention), (mlp_conv, layer.post_norm, mlp)]
+        norms = [norm for _, norm, _ in sublayers[1:]] + [self.norm if final_norm else None]
+        x = ops.rms_norm(h, sublayers[0][1], m.rms_norm_eps)
+        for (conv, _, sublayer), norm in zip(sublayers, norms):
+            y, delta = conv.prepare(x)
+            h, x = conv.finish(sublayer(y), delta, h, norm, m.rms_norm_eps)
         return x if final_norm else h
-
-    def embed_norm(self, block: torch.Tensor, norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block's embeddings h (scaled where the config says) and the first sublayer's input RMSNorm(h); one
-        kernel on the GPU (kernels/dflash2.embed_rms_norm)."""
-        embed, eps = self.target.embed, self.cfg.rms_norm_eps
-        k = ops.model_kernels(embed, "dflash2")
-        if k and self.c.embedding_scale == 1.0 and block.dim() == 1 and k.embed_fits(embed, norm):
-            return k.embed_rms_norm(block, embed, norm, eps)
-        h = embed[block]
-        if self.c.embedding_scale != 1.0:
-            h = h * self.c.embedding_scale
-        return h, ops.rms_norm(h, norm, eps)
 
     def draft(self, block: torch.Tensor, span, temperature=None, draw=None, noise=None):
         """The block [anchor, masks...] at `span` -> (drafts [k], their q rows as (candidate ids [k, K], probs
