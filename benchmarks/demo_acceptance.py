@@ -4,8 +4,9 @@ starts, the histogram of accepted drafts a step and the conditional acceptance P
 were).
 Usage (one core is enough; about 30 s at the evaluation's 4 prompts a category):
     python benchmarks/demo_acceptance.py [name=folder ...] [--data ROOT] [--per-category N] [--half select] [-t T]
-Each folder's config.json tells its kind (DFlash, DFlash 2, EAGLE-3); by default the shipped two. ROOT: the
-Python source the held-out prompts come from (this interpreter's standard library by default). Compare recipe
+Each folder's config.json tells its kind (DFlash, DFlash 2, EAGLE-3); by default the shipped DFlash 2 (the demo's
+block drafter with its selector) and EAGLE-3; `dflash=FOLDER` runs a DFlash 2 folder's block drafter alone. ROOT:
+the Python source the held-out prompts come from (this interpreter's standard library by default). Compare recipe
 variants on `--half select` (the prompts that choose the block size) and measure only the winner on the test half."""
 
 import argparse
@@ -36,7 +37,7 @@ ap.add_argument("--per-category", type=int, default=presets.DEMO.eval_prompts, h
 ap.add_argument("-t", "--temperature", type=float, default=0.0, help="sampled at T, seeded per prompt")
 ap.add_argument("--half", choices=("test", "select"), default="test", help="which half of the held-out files")
 args = ap.parse_args()
-drafters = dict(a.split("=", 1) for a in args.drafters) or {"dflash": DEMO / "dflash", "eagle3": DEMO / "eagle3"}
+drafters = dict(a.split("=", 1) for a in args.drafters) or {"dflash2": DEMO / "dflash2", "eagle3": DEMO / "eagle3"}
 
 from tokenizers import Tokenizer  # noqa: E402
 
@@ -53,6 +54,7 @@ print(f"{len(test)} held-out {args.half} prompts from {args.data}, {p.eval_token
 SPANS = (0, 16, 48)  # where in the continuation a step starts: the first tokens after the prompt are the hardest
 for name, folder in drafters.items():
     kind = detect_kind(Path(folder))
+    kind = "dflash" if name == "dflash" and kind == "dflash2" else kind  # its block drafter alone, as the registry's
     decoder = SpeculativeDecoder(load(kind, Path(folder), target), p.draft_len if kind == "eagle3" else None)
     session = Session(target, EVAL_PROMPT + p.eval_tokens + 32)
     hist = collections.Counter()

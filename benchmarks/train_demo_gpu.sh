@@ -21,8 +21,9 @@
 #   W=/tmp/demo; mkdir -p $W && cat <files_at>/run.tar.* | tar -C $W -xf - && cp -r dflash_cli/demo/target $W/
 #   cp -r dflash_cli/demo/eagle3 $W/eagle3-shipped
 #   taskset -c 0,1 dflash train $W --preset demo --device cpu --data <python3.12 stdlib> --stages block,evaluate
-#   cp $W/dflash/* dflash_cli/demo/dflash/  (and $W/eagle3/* if it beats the shipped one on the same data)
-#   taskset -c 0,1 dflash bench --model demo --draft none,dflash,eagle3 --device cpu --threads 2 --json bench.json
+#   (then the selector stage over $W/dflash on the device: train_variants_gpu.sh's selector variants)
+#   cp $W/dflash2/* dflash_cli/demo/dflash2/  (and $W/eagle3/* if it beats the shipped one on the same data)
+#   taskset -c 0,1 dflash bench --model demo --draft none,dflash,dflash2,eagle3 --device cpu --threads 2
 # and copy $W/training_info.json to dflash_cli/demo/. Tree + carry stay under the 64 MiB a call takes:
 # 23 MB tracked + 27 MB distillation + run.tar.* at CALL=2.
 #

@@ -25,7 +25,21 @@ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | tee "$OUT/gpu.tx
 # One folder with the target, the distillation data and the tokenized corpus; the variants are hard-linked copies.
 BASE=/tmp/vbase; mkdir -p "$BASE/work" "$BASE/target"
 cp dflash_cli/demo/target/* "$BASE/target/"
-cp -r dflash_cli/demo/dflash "$BASE/dflash"  # the shipped DFlash drafter, which the selector stage trains over
+python - "$BASE/dflash" <<'EOF'  # the shipped DFlash drafter (demo/dflash2 less its selector), the selector's base
+import json, sys
+from pathlib import Path
+from safetensors.torch import load_file, save_file
+src, dst = Path("dflash_cli/demo/dflash2"), Path(sys.argv[1])
+dst.mkdir(parents=True, exist_ok=True)
+tensors = load_file(str(src / "model.safetensors"))
+save_file({k: v for k, v in tensors.items() if "_conv." not in k and not k.startswith("candidate_selector.")},
+          str(dst / "model.safetensors"), metadata={"format": "pt"})
+cfg = json.loads((src / "config.json").read_text())
+cfg["architectures"] = ["DFlashDraftModel"]
+for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+    cfg["dflash_config"].pop(key)
+(dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+EOF
 python - "$BASE/training_info.json" <<'EOF'  # the shipped run's record, less what the variants redo
 import json, sys
 info = json.load(open("dflash_cli/demo/training_info.json"))

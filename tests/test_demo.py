@@ -30,7 +30,7 @@ def test_demo_is_the_default_entry_and_fits_the_budget():
         assert (TARGET / f).is_file()
 
 
-@pytest.mark.parametrize("draft", ["dflash", "eagle3"])
+@pytest.mark.parametrize("draft", ["dflash", "dflash2", "eagle3"])
 def test_generate_demo_offline_with_speculation(cli, monkeypatch, draft):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     r = cli("generate", "--model", "demo", "--prompt", "def fibonacci(n):", "--draft", draft, "--max-tokens", "48",
@@ -78,3 +78,22 @@ def test_zlab_reference_loads_the_demo_and_accepts_what_we_accept(monkeypatch):
     res = generate(session, SpeculativeDecoder(proposer), Request(prompt.tolist(), SamplingParams(), max_tokens=48))
     assert_matches_reference(res, ref, prompt.shape[0], our_logits, ref_logits, proposer.model.block_size)
     assert max(ref.acceptance_lengths) > 1  # the drafter predicts its target
+
+
+def test_zlab_reference_loads_the_demo_dflash2_and_drafts_what_we_draft(monkeypatch):
+    """The shipped block drafter with its selector (DFlash 2 form): z-lab's DFlash2DraftModel drafts the same tokens
+    every step, greedy, over a whole generation."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("dflash.model")
+    from dflash_cli.models.dflash2 import DFlash2Drafter
+    from test_dflash2_parity import assert_matches_reference, our_run, reference_run, zlab
+
+    folder = DEMO.drafters["dflash2"].path()
+    ref_t = transformers.Qwen3ForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    ref_d = zlab.DFlash2DraftModel.from_pretrained(folder, dtype=torch.float32).eval()
+    prompt = torch.tensor(ChatTokenizer(TARGET).encode("class Stack:\n    def __init__(self):\n"))
+    ref, ref_logits, ref_drafts = reference_run(ref_t, ref_d, prompt, 48, monkeypatch)
+    ours_d = DFlash2Drafter.load(folder, Qwen3Model.load(TARGET), selector=True)
+    res, our_logits = our_run(ours_d, prompt, 48)
+    assert_matches_reference(res, ref, prompt.shape[0], our_logits, ref_logits, ours_d.block_size, ref_drafts)
+    assert max(ref.acceptance_lengths) > 1
