@@ -177,6 +177,11 @@ class DynamicConv:
         h = convolve(y, delta, self.base[1], residual)
         return h, ops.rms_norm(h, norm, eps)
 
+    def is_identity(self) -> bool:
+        """Base kernel 1 on the row itself and 0 before it, no correction: out = x exactly (the selector stage's)."""
+        return bool(torch.all(self.base[:, 0] == 1) and torch.all(self.base[:, 1:] == 0)
+                    and torch.all(self.projection == 0))
+
     @classmethod
     def take(cls, t: dict[str, torch.Tensor], prefix: str) -> "DynamicConv":
         return cls(t.pop(f"{prefix}base_kernel"), t.pop(f"{prefix}kernel_projection.weight"))
@@ -245,8 +250,7 @@ def load_block_drafter(path: Path, target, window: int) -> DFlashDrafter:
                            rename=rename, role="DFlash 2 drafter")
     for i in range(c.model.num_hidden_layers):
         for conv in ("attention_conv", "mlp_conv"):
-            d = DynamicConv.take(tensors, f"layers.{i}.{conv}.")
-            if not (torch.all(d.base[:, 0] == 1) and torch.all(d.base[:, 1:] == 0) and torch.all(d.projection == 0)):
+            if not DynamicConv.take(tensors, f"layers.{i}.{conv}.").is_identity():
                 raise DflashError(f"{path} is a DFlash 2 drafter (dynamic convolutions, candidate selector): "
                                   "load it as one (--draft dflash2, or its folder)")
     for name in [k for k in tensors if k.startswith("candidate_selector.")]:
@@ -265,8 +269,10 @@ class DFlash2Drafter(DFlashDrafter):
         self.selector = CandidateSelector(tensors.pop(f"{s}predecessor_codebook"), tensors.pop(f"{s}successor_codebook"),
                                           tensors.pop(f"{s}hidden_projection.weight"), c.top_k)
         self.use_selector = tuning.KNOBS.selector if selector is None else selector
-        # Unfolded norms: each layer's norm feeds a convolution, not the product after it.
-        super().__init__(c, tensors, target, source, fold=False)
+        # Convolutions that are all the identity (out = x: the selector stage's drafters) are skipped: DFlash's
+        # layers, norms folded as DFlash's. Else unfolded norms: each layer's norm feeds a convolution.
+        self.identity_convs = all(conv.is_identity() for pair in self.convs for conv in pair)
+        super().__init__(c, tensors, target, source, fold=self.identity_convs)
 
     @classmethod
     def load(cls, path: Path, target, selector: bool | None = None, window: int | None = None) -> "DFlash2Drafter":
@@ -281,7 +287,10 @@ class DFlash2Drafter(DFlashDrafter):
     def block_states(self, block: torch.Tensor, span, final_norm: bool = False) -> torch.Tensor:
         """DFlash's layers with each sublayer between its two convolutions:
         h + finish(Attention(prepare(RMSNorm(h)))), then h + finish(MLP(prepare(RMSNorm(h)))).
-        `finish` adds the residual and gives the next sublayer's RMSNorm too (after the last, the final norm)."""
+        `finish` adds the residual and gives the next sublayer's RMSNorm too (after the last, the final norm).
+        Identity convolutions (`identity_convs`): DFlash's layers, the same values."""
+        if self.identity_convs:
+            return super().block_states(block, span, final_norm)
         m, c = self.cfg, self.c
         h = self.target.embed[block]
         if c.embedding_scale != 1.0:
