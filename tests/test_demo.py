@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from dflash_cli.runtime.generation import Request, generate
-from dflash_cli.runtime.drafters.dflash import DFlashProposer
+from dflash_cli.runtime.drafters import load as load_drafter
 from dflash_cli.runtime.sampling import SamplingParams
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.loading.tokenizer import ChatTokenizer
-from dflash_cli.models.dflash import DFlashDrafter
 from dflash_cli.models.qwen3 import Qwen3Model
 from dflash_cli.registry import Registry
 
@@ -71,7 +70,7 @@ def test_zlab_reference_loads_the_demo_and_accepts_what_we_accept(monkeypatch):
     prompt = torch.tensor(ChatTokenizer(TARGET).encode("class Stack:\n    def __init__(self):\n"))
     ref, ref_logits = run_reference(ref_d, ref_t, prompt, 48, monkeypatch)
     ours_t = Qwen3Model.load(TARGET)
-    proposer = DFlashProposer(DFlashDrafter.load(DFLASH, ours_t))
+    proposer = load_drafter("dflash", DFLASH, ours_t)  # the shipped DFlash 2 folder's block drafter alone
     our_logits, draft_logits = [], proposer.draft_logits
     proposer.draft_logits = lambda last, k: our_logits.append(draft_logits(last, k)) or our_logits[-1]
     session = Session(ours_t, max_len=prompt.shape[0] + 48 + 1)

@@ -193,12 +193,7 @@ class DFlashDrafter:
         """window: a sliding window for the layers that have none (DFlashConfig; None: tuning's DFLASH_DRAFT_WINDOW)."""
         path = Path(path)
         window = tuning.KNOBS.draft_window if window is None else window
-        raw = read_json(path / "config.json", "drafter config")
-        if is_dflash2(raw):  # its block drafter alone where its convolutions are the identity (else an error)
-            from .dflash2 import load_block_drafter
-
-            return load_block_drafter(path, target, window)
-        c = DFlashConfig(raw, path / "config.json", window)
+        c = DFlashConfig(read_json(path / "config.json", "drafter config"), path / "config.json", window)
         # Some exports prefix the drafter's own tensors with "model."; embeddings/head are the target's.
         tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device,
                                ignore_prefixes=("lm_head.", "embed_tokens.", "model.embed_tokens."),

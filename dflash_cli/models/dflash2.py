@@ -240,11 +240,13 @@ class CandidateSelector:
         return tokens, torch.cat(rows) if rows else None
 
 
-def load_block_drafter(path: Path, target, window: int) -> DFlashDrafter:
+def load_block_drafter(path: Path, target, window: int | None = None) -> DFlashDrafter:
     """A DFlash 2 checkpoint whose convolutions are all the identity (base kernel 1 on the row itself and 0 before
     it, no correction: `dflash train`'s selector stage writes these) is a DFlash drafter with a candidate selector:
     its DFlash drafter alone (the selector's tensors unread), the same drafts as DFlash 2's with the selector off.
-    Any other DFlash 2 checkpoint is DFlash 2's only."""
+    Any other DFlash 2 checkpoint is DFlash 2's only. window: as DFlashDrafter.load's."""
+    path = Path(path)
+    window = tuning.KNOBS.draft_window if window is None else window
     c = DFlash2Config(read_json(path / "config.json", "drafter config"), path / "config.json", window)
     tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device, ignore_prefixes=IGNORED,
                            rename=rename, role="DFlash 2 drafter")

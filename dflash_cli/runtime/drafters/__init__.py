@@ -27,8 +27,14 @@ def proposer(kind: str, drafter):
 
 
 def load(kind: str, path: Path, target):
-    """The drafter checkpoint of `kind` in `path` for `target`: its network and runtime."""
+    """The drafter checkpoint of `kind` in `path` for `target`: its network and runtime. A DFlash 2 checkpoint loads
+    as DFlash where its convolutions are the identity: its block drafter alone (models/dflash2.load_block_drafter;
+    the demo's), else that function's error."""
     module, network, _ = KINDS[kind]
+    if kind == "dflash" and drafter_kind(read_json(Path(path) / "config.json", "drafter config")) == "dflash2":
+        from ...models.dflash2 import load_block_drafter
+
+        return proposer(kind, load_block_drafter(path, target))
     return proposer(kind, getattr(import_module(f"...models.{module}", __name__), network).load(path, target))
 
 
