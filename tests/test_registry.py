@@ -230,7 +230,7 @@ def test_pull_offline_is_one_error_line(cli):
     assert_one_line_error(res, "Qwen/Qwen3-4B", "HF_HUB_OFFLINE")
     assert "dflash pull" not in res.err and "--model" not in res.err
     demo = cli("pull")  # the default is the embedded demo: nothing to download
-    assert demo.code == 0 and demo.out.count("local folder") == 3
+    assert demo.code == 0 and demo.out.count("local folder") == 4  # target, dflash and dflash2 (one folder), eagle3
     assert_one_line_error(cli("pull", "Org/Model"), "Org/Model")
 
 
