@@ -43,7 +43,7 @@ EOF
 python - "$BASE/training_info.json" <<'EOF'  # the shipped run's record, less what the variants redo
 import json, sys
 info = json.load(open("dflash_cli/demo/training_info.json"))
-for key in ("dflash-b16", "dflash-b8", "eagle3", "block", "evaluate"):
+for key in ("dflash-b16", "dflash-b8", "eagle3", "block", "evaluate", "selector"):
     info["stages"].pop(key, None)
 info.pop("block_choice", None), info.pop("evaluation", None)
 json.dump(info, open(sys.argv[1], "w"), indent=2)
