@@ -53,8 +53,7 @@ print(f"{len(test)} held-out {args.half} prompts from {args.data}, {p.eval_token
       f"{args.temperature}")
 SPANS = (0, 16, 48)  # where in the continuation a step starts: the first tokens after the prompt are the hardest
 for name, folder in drafters.items():
-    kind = detect_kind(Path(folder))
-    kind = "dflash" if name == "dflash" and kind == "dflash2" else kind  # its block drafter alone, as the registry's
+    kind = detect_kind(Path(folder), name)  # dflash=FOLDER of a DFlash 2 folder: its block drafter alone
     decoder = SpeculativeDecoder(load(kind, Path(folder), target), p.draft_len if kind == "eagle3" else None)
     session = Session(target, EVAL_PROMPT + p.eval_tokens + 32)
     hist = collections.Counter()

@@ -240,16 +240,21 @@ class CandidateSelector:
         return tokens, torch.cat(rows) if rows else None
 
 
+def read_checkpoint(path: Path, target, window: int | None) -> tuple[DFlash2Config, dict[str, torch.Tensor]]:
+    """A DFlash 2 checkpoint's config and tensors for `target` (window: as DFlashDrafter.load's; None: tuning's
+    DFLASH_DRAFT_WINDOW)."""
+    window = tuning.KNOBS.draft_window if window is None else window
+    c = DFlash2Config(read_json(path / "config.json", "drafter config"), path / "config.json", window)
+    return c, load_tensors(path, checkpoint_shapes(c), target.dtype, target.device, ignore_prefixes=IGNORED,
+                           rename=rename, role="DFlash 2 drafter")
+
+
 def load_block_drafter(path: Path, target, window: int | None = None) -> DFlashDrafter:
     """A DFlash 2 checkpoint whose convolutions are all the identity (base kernel 1 on the row itself and 0 before
     it, no correction: `dflash train`'s selector stage writes these) is a DFlash drafter with a candidate selector:
     its DFlash drafter alone (the selector's tensors unread), the same drafts as DFlash 2's with the selector off.
     Any other DFlash 2 checkpoint is DFlash 2's only. window: as DFlashDrafter.load's."""
-    path = Path(path)
-    window = tuning.KNOBS.draft_window if window is None else window
-    c = DFlash2Config(read_json(path / "config.json", "drafter config"), path / "config.json", window)
-    tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device, ignore_prefixes=IGNORED,
-                           rename=rename, role="DFlash 2 drafter")
+    c, tensors = read_checkpoint(Path(path), target, window)
     for i in range(c.model.num_hidden_layers):
         for conv in ("attention_conv", "mlp_conv"):
             if not DynamicConv.take(tensors, f"layers.{i}.{conv}.").is_identity():
@@ -280,10 +285,7 @@ class DFlash2Drafter(DFlashDrafter):
     def load(cls, path: Path, target, selector: bool | None = None, window: int | None = None) -> "DFlash2Drafter":
         """window: as DFlashDrafter.load's (None: tuning's DFLASH_DRAFT_WINDOW)."""
         path = Path(path)
-        window = tuning.KNOBS.draft_window if window is None else window
-        c = DFlash2Config(read_json(path / "config.json", "drafter config"), path / "config.json", window)
-        tensors = load_tensors(path, checkpoint_shapes(c), target.dtype, target.device, ignore_prefixes=IGNORED,
-                               rename=rename, role="DFlash 2 drafter")
+        c, tensors = read_checkpoint(path, target, window)
         return cls(c, tensors, target, source=str(path), selector=selector)
 
     def block_states(self, block: torch.Tensor, span, final_norm: bool = False) -> torch.Tensor:

@@ -40,9 +40,7 @@ def make_decoder(bundle, draft: str | None, draft_len: int | None = None):
                                   f"a drafter folder or a Hub repo id (owner/name)")
         src = Source(draft)
     path = src.path()
-    kind = detect_kind(path)
-    if draft == "dflash" and kind == "dflash2":  # its DFlash drafter alone where its convolutions are the identity
-        kind = "dflash"  # (DFlashDrafter.load; the demo's), else DFlashDrafter.load's error
+    kind = detect_kind(path, draft)
     if draft in DRAFT_KINDS and kind != draft:
         raise DflashError(f"the registry's {draft} drafter {src.ref} is a {kind} checkpoint")
     proposer = load_drafter(kind, path, bundle.load_model())

@@ -16,6 +16,8 @@ from ..models.dflash import default_target_layers
 # SpecForge's launch notes advise, and ModelOpt's dflash.yaml defaults (block 8, decay 4.0).
 LOSS_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 MB = 1_000_000
+# The identity convolutions a selector stage's DFlash 2 drafter carries: DFlash 2's published two-tap form.
+CONV_TAPS, CONV_GROUP = 2, 16
 SHIPPED_LIMIT = 30 * MB  # the demo's three folders (target, dflash2, eagle3), the issue's budget
 
 
@@ -94,8 +96,8 @@ class Preset:
         layer = h * d * (self.heads + 2 * self.kv_heads) + self.heads * d * h + 3 * h * self.intermediate + 2 * h + 2 * d
         target = self.vocab_size * h + self.layers * layer + h
         dflash = self.dflash_layers * layer + len(self.dflash_target_layers) * h * h + 2 * h
-        # DFlash 2's form (what ships): per layer two identity convolutions (2 taps, groups of 16), and the selector
-        convs = self.dflash_layers * 2 * (2 * 2 * h + 2 * 2 * (h // 16) * h)
+        # DFlash 2's form (what ships): per layer two identity convolutions, and the selector
+        convs = self.dflash_layers * 2 * (2 * CONV_TAPS * h + 2 * CONV_TAPS * (h // CONV_GROUP) * h)
         dflash2 = dflash + convs + 2 * self.vocab_size * self.selector_rank + self.selector_rank * h
         eagle3 = layer - 2 * h + 3 * h * h + 2 * h * h + self.draft_vocab * h + 3 * h  # fc over 3 taps, 2h-wide qkv input
         return {"target": 2 * target, "dflash2": 2 * dflash2, "eagle3": 2 * eagle3 + 9 * self.vocab_size}

@@ -22,11 +22,11 @@ from ..layers import ops
 from ..models.dflash import DFlashDrafter
 from .distill import Distilled
 from .params import save
+from .presets import CONV_GROUP, CONV_TAPS
 from . import dflash as dflash_stage
 
 # The soft labels' temperatures: the target's own distribution, and the demo's sampling temperature (the issue's).
 TEMPERATURES = (1.0, 0.6)
-CONV_TAPS, CONV_GROUP = 2, 16  # the identity convolutions' shape: DFlash 2's published two-tap form
 
 
 def build(vocab: int, hidden: int, rank: int, seed: int) -> list[torch.nn.Parameter]:

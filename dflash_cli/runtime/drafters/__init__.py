@@ -50,10 +50,11 @@ def drafter_kind(raw: dict) -> str | None:
     return None
 
 
-def detect_kind(path: Path) -> str:
-    """Tell a drafter's kind from its config.json."""
+def detect_kind(path: Path, asked: str | None = None) -> str:
+    """Tell a drafter's kind from its config.json. asked "dflash" of a DFlash 2 checkpoint: "dflash", its block
+    drafter alone (`load` checks that its convolutions are the identity)."""
     raw = read_json(path / "config.json", "drafter config")
     if kind := drafter_kind(raw):
-        return kind
+        return "dflash" if asked == "dflash" and kind == "dflash2" else kind
     arch = " ".join(raw.get("architectures") or []).lower()
     raise DflashError(f"{path} does not look like a DFlash, DFlash 2 or EAGLE-3 drafter (architectures: {arch or 'none'})")
