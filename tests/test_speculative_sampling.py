@@ -4,11 +4,16 @@ Chi-square goodness-of-fit tests against exact probabilities, never against anot
 fixed seeds make every test deterministic. The critical value is the 0.999 quantile of the
 chi-square distribution (computed from torch.special.gammainc, no scipy).
 
-1. accept_sampled on fixed rows: the first emitted token follows p[0]; given that i drafts were
-   accepted, the next emitted token follows p[i]; the number accepted follows the product of the
-   overlaps sum(min(p, q)); q == p always accepts, q disjoint from p always rejects. With a one-hot q
-   (a draft proposed as the drafter's argmax): draft i is accepted with probability p_i(draft), and after a
-   rejection the token follows p_i with the draft removed; a certain draft (p = 1) always passes; k = 0.
+1. accept_sampled on fixed rows (block verification): the first emitted token follows p[0]; given that i drafts
+   were accepted, the next emitted token follows p[i]; the number accepted follows block verification's exact
+   odds (every draft block enumerated through the engine's block_weights), on average at least token-by-token
+   verification's product of overlaps sum(min(p, q)); q == p always accepts, q disjoint from p always rejects.
+   With a one-hot q (a draft proposed as the drafter's argmax): draft i is accepted with probability
+   p_i(draft), and after a rejection the token follows p_i with the draft removed; a certain draft (p = 1)
+   always passes; k = 0.
+1c. Exactly, in float64: whole generations of four tokens over a 3-token vocabulary, with target and draft rows
+   that depend on the prefix, composed from block_weights over every draft block and outcome, equal the target's
+   distribution, for blocks of 1 to 3 drafts.
 2. End to end on a target with an 8-token vocabulary: the joint distribution of the first three
    generated tokens (the last two from a speculative step) with a DFlash, a DFlash 2 (its selector's sampled walk,
    q the walk's rows over 4 candidates; selector off: argmax drafts, q one-hot) and an EAGLE-3 drafter,
@@ -24,6 +29,7 @@ chi-square distribution (computed from torch.special.gammainc, no scipy).
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -34,7 +40,8 @@ from dflash_cli.runtime import sampling
 from dflash_cli.runtime.drafters.dflash import DFlashProposer
 from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
-from dflash_cli.runtime.sampling import K_MAX, SamplingParams, accept_sampled, begin, probabilities, sample
+from dflash_cli.runtime.sampling import (K_MAX, Filtered, SamplingParams, accept_sampled, begin, block_weights,
+                                         probabilities, sample)
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
@@ -143,6 +150,29 @@ def run_accept(p: torch.Tensor, q: torch.Tensor, trials: int, seed: int):
     return torch.tensor(accepted), emitted
 
 
+def dense(probs: torch.Tensor) -> Filtered:
+    return Filtered(torch.arange(probs.shape[-1]).expand(probs.shape), probs)
+
+
+def kept_odds(h: torch.Tensor) -> torch.Tensor:
+    """h [k] (block_weights') -> P(n = i), i = 0..k: the last i with u_i < h_i."""
+    later = torch.cat([torch.flip(torch.cumprod(torch.flip(1 - h, [0]), 0), [0]), torch.ones(1, dtype=h.dtype)])
+    return torch.cat([torch.ones(1, dtype=h.dtype), h]) * later  # h_i * prod(1 - h_j, j > i); h_0 = 1
+
+
+def count_odds(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Fixed rows p [k+1, V], q [k, V] -> P(n = i) under block verification: every draft block, weighted by q."""
+    k, v = q.shape
+    p, q = p.double(), q.double()
+    out = torch.zeros(k + 1, dtype=torch.float64)
+    for block in itertools.product(range(v), repeat=k):
+        x = torch.tensor(block, dtype=torch.long)
+        weight = q[torch.arange(k), x].prod()
+        if weight > 0:
+            out += weight * kept_odds(block_weights(x, dense(q), dense(p), v)[0])
+    return out
+
+
 def check_accept_distribution(p, q, accepted, emitted, label):
     k, v = q.shape
     trials = len(emitted)
@@ -151,15 +181,16 @@ def check_accept_distribution(p, q, accepted, emitted, label):
         toks = torch.tensor([e[i] for e in emitted if len(e) > i], dtype=torch.long)
         if len(toks) >= 200:
             assert_fits(torch.bincount(toks, minlength=v), p[i], f"{label}: emitted token {i}")
-    # Accepted counts: P(n >= i+1 | n >= i) = sum(min(p_i, q_i)).
-    overlap = torch.minimum(p[:k].double(), q.double()).sum(-1)
-    reach = torch.cat([torch.ones(1, dtype=torch.float64), overlap.cumprod(0)])  # P(n >= i), i = 0..k
-    p_n = reach - torch.cat([reach[1:], torch.zeros(1, dtype=torch.float64)])
-    p_n = torch.where(p_n < 1e-6, 0.0, p_n)  # rounding of overlaps that are exactly 1
+    # Accepted counts: block verification's odds; on average never fewer than token by token's, where
+    # P(n >= i+1 | n >= i) = sum(min(p_i, q_i)).
+    p_n = count_odds(p, q)
+    p_n = torch.where(p_n < 1e-6, 0.0, p_n)  # rounding of odds that are exactly 0
     if (p_n > 0).sum() > 1:
         assert_fits(torch.bincount(accepted, minlength=k + 1), p_n, f"{label}: accepted count")
     else:
         assert (accepted == int(p_n.argmax())).all()
+    overlap = torch.minimum(p[:k].double(), q.double()).sum(-1)
+    assert float((p_n * torch.arange(k + 1)).sum()) >= float(overlap.cumprod(0).sum()) - 1e-6, label
     return trials
 
 
@@ -295,6 +326,67 @@ def test_accept_with_no_drafts_draws_from_the_first_row():
     out = [accept_sampled(none, torch.zeros(0, v), p, gen) for _ in range(6000)]
     assert all(int(n) == 0 for n, _ in out)
     assert_fits(torch.bincount(torch.tensor([int(b) for _, b in out]), minlength=v), p[0], "k = 0")
+
+
+# ---------------------------------------------------------------------------------------------
+# 1c. block verification is lossless, exactly: whole generations composed from block_weights
+
+
+def prefix_rows(prefix: tuple, salt: int, v: int = 3) -> torch.Tensor:
+    """A distribution over v tokens that depends on the prefix, sometimes with a zero (a filtered row)."""
+    g = torch.Generator().manual_seed(salt + sum((t + 1) * 5 ** i for i, t in enumerate(prefix)) * 2)
+    w = torch.rand(v, generator=g, dtype=torch.float64) ** 2
+    if torch.rand(1, generator=g) < 0.4:
+        w[int(torch.randint(v, (1,), generator=g))] = 0
+    return w / w.sum()
+
+
+def one_step(prefix: tuple, k: int) -> dict:
+    """The exact distribution of a step's emitted tokens (drafts kept + the next), every draft block and outcome."""
+    out: dict = {}
+    for block in itertools.product(range(3), repeat=k):
+        q = torch.stack([prefix_rows(prefix + block[:i], 1) for i in range(k)])
+        weight = q[torch.arange(k), torch.tensor(block)].prod()
+        if weight == 0:
+            continue
+        p = torch.stack([prefix_rows(prefix + block[:i], 0) for i in range(k + 1)])
+        h, rows = block_weights(torch.tensor(block), dense(q), dense(p), 3)
+        for n, odds in enumerate(kept_odds(h).tolist()):
+            if odds > 0:
+                nxt = rows[n] / rows[n].sum() if rows[n].sum() > 0 else p[n]
+                for t, pt in enumerate(nxt.tolist()):
+                    key = block[:n] + (t,)
+                    out[key] = out.get(key, 0.0) + float(weight) * odds * pt
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_block_verification_is_exactly_lossless(k):
+    length = 4
+
+    def generations(prefix: tuple) -> dict:
+        if len(prefix) >= length:
+            return {prefix[:length]: 1.0}
+        out: dict = {}
+        for emitted, w in one_step(prefix, k).items():
+            for seq, v in generations(prefix + emitted).items():
+                out[seq] = out.get(seq, 0.0) + w * v
+        return out
+
+    got = generations(())
+    for seq in itertools.product(range(3), repeat=length):
+        want = float(torch.stack([prefix_rows(seq[:i], 0)[seq[i]] for i in range(length)]).prod())
+        assert abs(got.get(seq, 0.0) - want) < 1e-12, (seq, got.get(seq), want)
+    # And a step keeps at least as many as token by token, on average: sum over blocks of q(block) times
+    # sum_i prod_{j <= i} min(1, p_j / q_j).
+    emitted = sum(len(e) * w for e, w in one_step((), k).items())
+    token = 1.0
+    for block in itertools.product(range(3), repeat=k):
+        q = torch.stack([prefix_rows(block[:i], 1)[block[i]] for i in range(k)])
+        p = torch.stack([prefix_rows(block[:i], 0)[block[i]] for i in range(k)])
+        if q.prod() > 0:
+            token += float(q.prod() * torch.minimum(p / q, torch.ones(k, dtype=torch.float64)).cumprod(0).sum())
+    assert emitted >= token - 1e-12 and (k == 1 or emitted > token + 1e-3), (emitted, token)
 
 
 # ---------------------------------------------------------------------------------------------

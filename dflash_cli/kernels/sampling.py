@@ -1,5 +1,5 @@
 """Sampling on the device (runtime/sampling.py's top-k mode): a row's K largest logits, filtered and drawn, and the
-rejection-sampling verdict of a verified span; and a plain exact top-K (`top_k`, DFlash 2's candidate selector).
+block-verification verdict of a verified span; and a plain exact top-K (`top_k`, DFlash 2's candidate selector).
 
 A row's K largest are a tree of small programs. Every chunk of CHUNK logits keeps its K largest, sorted: only those
 at or above a floor taken from its groups' maxima can be among them (about 1.4 K in random order), so the chunk's
@@ -10,7 +10,7 @@ compare-and-swap stages), until one program a row merges the rest and filters (t
 sampling.filtered does, and when asked draws one: the exponential race) or writes the values and ids: two kernels
 at a draft head's 32,000 tokens, three at a target's 151,936 or 248,320. The first version's row program ran a
 top-k over all chunks' keys (8192 at 151,936) and lost to torch there (docs/TUNING.md, "Sampling on the device").
-`accept` is one program.
+`accept`, the block verification of a verified span, is one program.
 
 A logit and its index travel as one int64 key ordered like (value, -index), so every top-K is a plain integer
 top-K and ties go to the lower index, as torch's argmax does.
@@ -32,6 +32,7 @@ LOWEST = -(1 << 62)  # below every key: padding past the vocabulary
 # The race's noise is -log(u), u = 0 counted as its bucket's middle (runtime/sampling.race_noise's rule): never 0,
 # whose candidate would win whatever its weight.
 U_FLOOR = tl.constexpr(2.0 ** -25)
+TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # sampling.block_weights' floor of a divisor
 
 
 @triton.jit
@@ -246,6 +247,7 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _accept_kernel(ids_ptr, k, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr, p_probs_ptr, p_stride, noise_ptr,
                    out_ptr, R: tl.constexpr, K: tl.constexpr, W: tl.constexpr):
     r = tl.arange(0, R)
+    j = tl.arange(0, R)[None, :]  # the other rows, against r[:, None]
     c = tl.arange(0, K)
     w = tl.arange(0, W)
     drafting = r < k
@@ -256,15 +258,28 @@ def _accept_kernel(ids_ptr, k, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr, p_pr
     q = tl.load(q_probs_ptr + r[:, None] * q_stride + w[None, :], mask=drafting[:, None], other=0.0)
     pd = tl.sum(tl.where(p_ids == drafts[:, None], p, 0.0), 1)
     qd = tl.sum(tl.where(q_ids == drafts[:, None], q, 0.0), 1)
-    u = tl.load(noise_ptr + r, mask=drafting, other=1.0)
-    n = tl.min(tl.where(drafting & (u * qd >= pd), r, k), 0)  # the first rejected draft (u < p/q accepts)
-    # At row n: p minus q (q counts as zero when every draft passed), on p's candidates; drawn by the race.
-    p_row_ids = tl.sum(tl.where(r[:, None] == n, p_ids, 0), 0)
-    p_row = tl.sum(tl.where(r[:, None] == n, p, 0.0), 0)
-    q_row_ids = tl.sum(tl.where(r[:, None] == n, q_ids, 0), 0)
-    q_row = tl.sum(tl.where(r[:, None] == n, q, 0.0), 0)
-    q_on_p = tl.sum(tl.where(p_row_ids[:, None] == q_row_ids[None, :], q_row[None, :], 0.0), 1)
-    residual = tl.maximum(p_row - tl.where(n < k, q_on_p, 0.0), 0.0)
+    # Row r's weight w_r = exp(S_r - max(S_0 .. S_r)), S the cumulative log(p/q) (sampling.block_weights').
+    logs = tl.where(drafting, tl.log(pd / tl.maximum(qd, TINY)), 0.0)
+    after = tl.sum(tl.where(j <= r[:, None], logs[None, :], 0.0), 1)  # S_{r+1}
+    before = tl.sum(tl.where(j == r[:, None] - 1, after[None, :], 0.0), 1)  # S_r (S_0 = 0)
+    weight = tl.exp(before - tl.max(tl.where(j < r[:, None], after[None, :], 0.0), 1))
+    # Each draft row's residual mass: max(w p - q, 0) summed over p's candidates, q's row on them.
+    mass = tl.zeros((R,), dtype=tl.float32)
+    for i in range(0, k):
+        mass = tl.where(r == i, _residual_mass(i, weight, r, c, w, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr,
+                                               p_probs_ptr, p_stride), mass)
+    room = mass + 1.0 - weight
+    h = tl.where(r < k, tl.where(room > 0, mass / tl.maximum(room, TINY), 1.0), weight)  # h_r; h_k = w_k
+    u = tl.load(noise_ptr + r - 1, mask=(r >= 1) & (r <= k), other=1.0)  # u_r: the uniform of draft r
+    n = tl.max(tl.where((r >= 1) & (r <= k) & (u < h), r, 0), 0)  # the last row kept (none: 0)
+    # At row n: the residual (p's last row when every draft is kept), on p's candidates; drawn by the race.
+    p_row_ids = tl.load(p_ids_ptr + n * p_stride + c)
+    p_row = tl.load(p_probs_ptr + n * p_stride + c)
+    drafted = n + 0 * w < k  # (a vector: the interpreter takes no scalar mask)
+    q_row_ids = tl.load(q_ids_ptr + n * q_stride + w, mask=drafted, other=-2)
+    q_row = tl.load(q_probs_ptr + n * q_stride + w, mask=drafted, other=0.0)
+    w_n = tl.sum(tl.where(r == n, weight, 0.0), 0)
+    residual = tl.where(n < k, tl.maximum(w_n * p_row - _on(p_row_ids, q_row_ids, q_row), 0.0), p_row)
     weights = tl.where(tl.sum(residual, 0) > 0, residual, p_row)
     e = tl.load(noise_ptr + R + c)
     best = tl.argmax(weights / -tl.log(tl.maximum(e, U_FLOOR)), 0, tie_break_left=True)
@@ -273,10 +288,26 @@ def _accept_kernel(ids_ptr, k, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr, p_pr
     tl.store(out_ptr + 2 + r, drafts, mask=drafting)
 
 
+@triton.jit
+def _residual_mass(i, weight, r, c, w, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr, p_probs_ptr, p_stride):
+    """Draft row i's sum of max(w_i p - q, 0) over p's candidates."""
+    p_ids = tl.load(p_ids_ptr + i * p_stride + c)
+    p = tl.load(p_probs_ptr + i * p_stride + c)
+    q_ids = tl.load(q_ids_ptr + i * q_stride + w)
+    q = tl.load(q_probs_ptr + i * q_stride + w)
+    return tl.sum(tl.maximum(tl.sum(tl.where(r == i, weight, 0.0), 0) * p - _on(p_ids, q_ids, q), 0.0), 0)
+
+
+@triton.jit
+def _on(p_ids, q_ids, q):
+    """q's probabilities [W] of ids q_ids at p's ids [K] (0 where q has none)."""
+    return tl.sum(tl.where(p_ids[:, None] == q_ids[None, :], q[None, :], 0.0), 1)
+
+
 def accept(ids: torch.Tensor, q_ids: torch.Tensor, q_probs: torch.Tensor, p_ids: torch.Tensor,
            p_probs: torch.Tensor) -> torch.Tensor:
-    """sampling.accept as one program: ids [k+1] = [last, drafts...], q rows [>= k, W], p rows [k+1, K] ->
-    long [2 + k] = [accepted drafts, the next token, drafts...]."""
+    """sampling.accept (block verification) as one program: ids [k+1] = [last, drafts...], q rows [>= k, W], p rows
+    [k+1, K] -> long [2 + k] = [accepted drafts, the next token, drafts...]."""
     k = ids.shape[0] - 1
     # The kernel's strides: one per row for ids and probs, unit along a row (and along ids).
     assert q_ids.stride() == q_probs.stride() and p_ids.stride() == p_probs.stride()

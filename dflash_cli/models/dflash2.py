@@ -18,7 +18,7 @@ DFlash's one-pass block draft (models/dflash.py: the same layers, context rows a
    (A, B: predecessor and successor codebooks of rank selector_rank; W h: the row's state projected to that rank)
    and walk the block from the anchor (the last committed token) left to right: each row takes the argmax of its
    scores given the token the row before took, or at temperature T draws from softmax(scores / T), whose row is
-   then that draft's q for rejection sampling (lossless).
+   then that draft's q for the verify (lossless).
 
 Selector off (`selector=False`, tuning's DFLASH_SELECTOR=0): each row's argmax of the block's logits, the walk with one
 candidate per row (z-lab's reference with selector_top_k = 1; sampled, a one-hot q).

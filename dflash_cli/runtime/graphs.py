@@ -318,7 +318,7 @@ class Graphs:
 
 def with_verdict(out, ids: torch.Tensor, accept, feed=None):
     """The forward's output with the verdict on its rows where asked: accept True, the greedy one
-    (ops.greedy_verdict); a sampled mode (sampling.mode), rejection sampling of the drafts against the q rows the
+    (ops.greedy_verdict); a sampled mode (sampling.mode), block verification of the drafts against the q rows the
     drafter left in the sampler's buffer (sampling.verdict). feed: ops.greedy_verdict's."""
     if accept is True:
         out.verdict = ops.greedy_verdict(ids, out.logits, feed)

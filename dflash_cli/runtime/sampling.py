@@ -1,4 +1,4 @@
-"""Turning logits into tokens on the device: greedy, temperature with top-k/top-p, and lossless rejection sampling.
+"""Turning logits into tokens on the device: greedy, temperature with top-k/top-p, and lossless block verification.
 
 Everything here is shape-static and free of host syncs, so that it runs inside the CUDA graphs of the decode,
 verify and draft steps. The sampling parameters live in small device tensors (`Sampler`), written before each
@@ -255,28 +255,48 @@ def _at(rows: Filtered, tokens: torch.Tensor) -> torch.Tensor:
     return ((rows.ids == tokens.unsqueeze(-1)) * rows.probs).sum(-1)
 
 
-def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
-    """Speculative rejection sampling (Leviathan et al. / Chen et al.) on the device.
+def block_weights(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification's odds (Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025) for
+    drafts [k] drawn from q's rows [k] (row i: draft i's distribution given the drafts before it), p the target's
+    rows [k+1] (ids < vocab; they may differ row to row, and from q's) -> (h [k]: h[i - 1] = h_i, weights [k+1, P]:
+    row i the unnormalised distribution of the next token when the first i drafts are kept, on p's ids).
 
-    drafts [k] were drawn from q's rows [k]; p holds the target's rows [k+1] (ids < vocab; they may differ row to
-    row, and from q's). Accept draft i with probability min(1, p/q); at the first rejection draw from normalised
-    max(p - q, 0); if all are accepted draw the bonus from p's last row. Returns (accepted count, the next token)
-    as device scalars; the same noise is drawn whatever is accepted, so the RNG advances alike."""
+    With w_0 = 1 and w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)): row i < k is the residual max(w_i p_i - q_i, 0), of
+    mass m_i, and h_i = m_i / (m_i + 1 - w_i); h_k = w_k and row k is p's last. The step keeps the last i whose
+    uniform u_i < h_i (none: 0), then draws from row i: lossless, like token-by-token rejection sampling (Leviathan
+    et al. / Chen et al.), and never fewer tokens a step on average (the most a verifier of one draft path can keep:
+    the paper's optimality), more where drafts are long. Token by token stops at the first draft it rejects; this
+    weighs the whole block, so a draft rejected alone may be kept with the ones after it."""
+    k = drafts.shape[0]
+    tiny = torch.finfo(torch.float32).tiny
+    pd, qd = _at(p[:k], drafts), _at(q[:k], drafts)
+    # w_i = min over j <= i of prod(p/q, j < l <= i): exp(S_i - max(S_0 .. S_i)), S the cumulative log ratio,
+    # S_0 = 0 (q of a drawn draft is never 0; p 0: log -inf, every later w 0).
+    logs = torch.cat([torch.zeros(1, dtype=pd.dtype, device=pd.device), (pd / qd.clamp_min(tiny)).log().cumsum(0)])
+    w = torch.exp(logs - logs.cummax(0).values)  # [k + 1], w_0 = 1
+    q_dense = torch.zeros(k, vocab, dtype=q.probs.dtype, device=q.probs.device)  # q's rows on p's ids
+    q_dense.scatter_add_(1, q.ids[:k], q.probs[:k])
+    residual = (w[:k, None] * p.probs[:k] - q_dense.gather(1, p.ids[:k])).clamp_min(0)  # [k, P]
+    mass = residual.sum(-1)
+    room = mass + 1 - w[:k]
+    h = torch.where(room > 0, mass / room.clamp_min(tiny), 1.0)  # w_i = 1 and no residual: the first i kept
+    return torch.cat([h[1:], w[k:]]), torch.cat([residual, p.probs[k:k + 1]])
+
+
+def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification (block_weights) on the device: drafts [k] drawn from q's rows [k], p the target's rows
+    [k+1] -> (accepted count, the next token) as device scalars. The same noise is drawn whatever is accepted, so
+    the RNG advances alike."""
     k = drafts.shape[0]
     if k == 0:
         return torch.zeros((), dtype=torch.long, device=drafts.device), draw(p[:1], gen)[0]
-    pd, qd = _at(p[:k], drafts), _at(q[:k], drafts)
+    h, weights = block_weights(drafts, q, p, vocab)
     u = torch.rand(k, generator=gen, device=drafts.device)
-    n = (u * qd < pd).to(torch.int64).cumprod(0).sum()  # u < p/q without dividing by a zero q
-    # p's row n minus q's row n (q counts as zero there when every draft passed), on p's candidates.
+    n = ((u < h) * torch.arange(1, k + 1, device=drafts.device)).max()  # the last draft kept, 0: none
     row = n.view(1)
+    weights = weights.index_select(0, row)[0]
     p_ids, p_probs = p.ids.index_select(0, row)[0], p.probs.index_select(0, row)[0]
-    at = n.clamp(max=k - 1).view(1)
-    q_row = torch.zeros(vocab, dtype=q.probs.dtype, device=q.probs.device)
-    q_row.scatter_add_(0, q.ids.index_select(0, at)[0], q.probs.index_select(0, at)[0])
-    q_on_p = q_row.gather(0, p_ids) * (n < k)
-    residual = (p_probs - q_on_p).clamp_min(0)
-    weights = torch.where(residual.sum() > 0, residual, p_probs)
+    weights = torch.where(weights.sum() > 0, weights, p_probs)
     return n, p_ids.gather(0, race(weights, gen).view(1))[0]  # (indexing by a 0-d tensor would read it on the host)
 
 

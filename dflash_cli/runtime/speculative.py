@@ -1,9 +1,10 @@
 """The speculative step, one optimistic transaction for any drafter:
-propose k tokens -> verify [last, drafts...] in one target forward -> accept the
-longest agreeing prefix plus one target token -> commit their KV, roll back the rest.
+propose k tokens -> verify [last, drafts...] in one target forward -> accept a
+prefix of the drafts plus one target token -> commit their KV, roll back the rest.
 
-Greedy acceptance keeps output identical to plain greedy decoding; with
-temperature > 0, rejection sampling keeps the target's distribution.
+Greedy acceptance (the longest agreeing prefix) keeps output identical to plain greedy
+decoding; with temperature > 0, block verification (sampling.block_weights) keeps the
+target's distribution.
 
 Drafts, the verify input and the acceptance stay on the device: a step waits for
 it once, to bring back the accepted count, the bonus and the drafts together.

@@ -39,7 +39,7 @@ class DFlash2Proposer(DFlashProposer):
 
     def _block(self, ids: torch.Tensor, span, mode: str | None = None) -> torch.Tensor:
         """The block's drafts [k]: the selector's walk (greedy: argmax; sampled: drawn at the sampler's temperature,
-        its rows written to the sampler's q buffer, where the verify's rejection sampling reads them)."""
+        its rows written to the sampler's q buffer, where the verify's block verification reads them)."""
         if mode is None:
             return self.model.draft(ids, span)[0]
         s = sampling.sampler(ids.device)
