@@ -41,7 +41,7 @@ from dflash_cli.runtime.drafters.dflash import DFlashProposer
 from dflash_cli.runtime.drafters.dflash2 import DFlash2Proposer
 from dflash_cli.runtime.drafters.eagle3 import Eagle3Proposer
 from dflash_cli.runtime.sampling import (K_MAX, Filtered, SamplingParams, accept_sampled, begin, block_weights,
-                                         probabilities, sample)
+                                         next_weights, probabilities, sample)
 from dflash_cli.runtime.session import Session
 from dflash_cli.runtime.speculative import SpeculativeDecoder
 from dflash_cli.models.dflash import DFlashDrafter
@@ -150,8 +150,9 @@ def run_accept(p: torch.Tensor, q: torch.Tensor, trials: int, seed: int):
     return torch.tensor(accepted), emitted
 
 
-def dense(probs: torch.Tensor) -> Filtered:
-    return Filtered(torch.arange(probs.shape[-1]).expand(probs.shape), probs)
+def dense(probs: torch.Tensor, ordered: bool = True) -> Filtered:
+    """Rows over the whole vocabulary; ordered False: as a q buffer holds them (p read at their ids, not gathered)."""
+    return Filtered(torch.arange(probs.shape[-1]).expand(probs.shape), probs, ordered)
 
 
 def kept_odds(h: torch.Tensor) -> torch.Tensor:
@@ -350,10 +351,14 @@ def one_step(prefix: tuple, k: int) -> dict:
         if weight == 0:
             continue
         p = torch.stack([prefix_rows(prefix + block[:i], 0) for i in range(k + 1)])
-        h, rows = block_weights(torch.tensor(block), dense(q), dense(p), 3)
+        # Rows read both ways, block by block: ordered (a gather) and as a buffer holds them (compared, or dense).
+        ordered = sum(block) % 2 == 0
+        q_rows, p_rows = dense(q, ordered=not ordered), dense(p, ordered=ordered)
+        h, w = block_weights(torch.tensor(block), q_rows, p_rows, 3)
         for n, odds in enumerate(kept_odds(h).tolist()):
             if odds > 0:
-                nxt = rows[n] / rows[n].sum() if rows[n].sum() > 0 else p[n]
+                row = next_weights(torch.tensor(n), w, q_rows, p_rows, 3)
+                nxt = row / row.sum() if row.sum() > 0 else p[n]
                 for t, pt in enumerate(nxt.tolist()):
                     key = block[:n] + (t,)
                     out[key] = out.get(key, 0.0) + float(weight) * odds * pt

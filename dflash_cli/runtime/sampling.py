@@ -62,13 +62,23 @@ def accept_mode(params: SamplingParams):
 @dataclass(frozen=True)
 class Filtered:
     """Rows of a filtered distribution over candidate tokens: ids long [R, K], probs float [R, K] (rows sum to 1;
-    zero for candidates that top-k/top-p cut, or padding)."""
+    zero for candidates that top-k/top-p cut, or padding). A row's ids are distinct, but for padding at
+    probability 0. ordered: the ids are 0 .. V-1 on every row (the all-token mode), so probs is the dense row."""
 
     ids: torch.Tensor
     probs: torch.Tensor
+    ordered: bool = False
 
     def __getitem__(self, rows) -> "Filtered":
-        return Filtered(self.ids[rows], self.probs[rows])
+        return Filtered(self.ids[rows], self.probs[rows], self.ordered)
+
+    def at(self, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+        """Each row's probabilities of `ids` [R, n] (0 for an id not among the row's): a gather where ordered."""
+        if self.ordered:
+            return self.probs.gather(1, ids)
+        if ids.shape[1] == 1:
+            return ((self.ids == ids) * self.probs).sum(-1, keepdim=True)
+        return self.dense(vocab).gather(1, ids)
 
     def write(self, rows: "Filtered") -> "Filtered":
         """Copy `rows` into these rows (buffer rows: zero past their width, a draft vocabulary may be narrower)."""
@@ -165,7 +175,7 @@ def filtered(logits: torch.Tensor, mode: str, s: Sampler) -> Filtered:
         return out
     if mode == ALL:  # nothing cut: a 16-row sort of even a 4096-token vocabulary costs a CPU draft step 4 ms
         ids = torch.arange(logits.shape[-1], device=logits.device).expand(logits.shape)
-        return Filtered(ids, torch.softmax(logits.float() / s.temperature, dim=-1))
+        return Filtered(ids, torch.softmax(logits.float() / s.temperature, dim=-1), ordered=True)
     if mode == TOP_K:
         values, ids = torch.topk(logits, min(K_MAX, logits.shape[-1]), dim=-1)  # sorted, largest first
     else:
@@ -250,37 +260,41 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return filtered(flat, mode(params), s).dense(flat.shape[-1]).reshape(logits.shape)
 
 
-def _at(rows: Filtered, tokens: torch.Tensor) -> torch.Tensor:
-    """Each row's probability of its token ([R] -> [R])."""
-    return ((rows.ids == tokens.unsqueeze(-1)) * rows.probs).sum(-1)
-
-
 def block_weights(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification's odds (Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025) for
     drafts [k] drawn from q's rows [k] (row i: draft i's distribution given the drafts before it), p the target's
-    rows [k+1] (ids < vocab; they may differ row to row, and from q's) -> (h [k]: h[i - 1] = h_i, weights [k+1, P]:
-    row i the unnormalised distribution of the next token when the first i drafts are kept, on p's ids).
+    rows [k+1] (ids < vocab; they may differ row to row, and from q's) -> (h [k]: h[i - 1] = h_i, w [k + 1]).
 
-    With w_0 = 1 and w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)): row i < k is the residual max(w_i p_i - q_i, 0), of
-    mass m_i, and h_i = m_i / (m_i + 1 - w_i); h_k = w_k and row k is p's last. The step keeps the last i whose
-    uniform u_i < h_i (none: 0), then draws from row i: lossless, like token-by-token rejection sampling (Leviathan
-    et al. / Chen et al.), and never fewer tokens a step on average (the most a verifier of one draft path can keep:
-    the paper's optimality), more where drafts are long. Token by token stops at the first draft it rejects; this
-    weighs the whole block, so a draft rejected alone may be kept with the ones after it."""
+    With w_0 = 1 and w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)), the residual after i < k drafts is
+    max(w_i p_i - q_i, 0) (`next_weights`), of mass m_i, and h_i = m_i / (m_i + 1 - w_i); h_k = w_k. The step keeps
+    the last i whose uniform u_i < h_i (none: 0) and draws the next token from that residual, or from p's last row
+    when all k are kept: lossless, like token-by-token rejection sampling (Leviathan et al. / Chen et al.), and
+    never fewer tokens a step on average (the most any verifier of one draft path keeps: the paper's optimality),
+    more where drafts are long. Token by token stops at the first draft it rejects; this weighs the whole block,
+    so a draft rejected alone may be kept with the ones after it."""
     k = drafts.shape[0]
     tiny = torch.finfo(torch.float32).tiny
-    pd, qd = _at(p[:k], drafts), _at(q[:k], drafts)
+    pd, qd = p[:k].at(drafts[:, None], vocab)[:, 0], q[:k].at(drafts[:, None], vocab)[:, 0]
     # w_i = min over j <= i of prod(p/q, j < l <= i): exp(S_i - max(S_0 .. S_i)), S the cumulative log ratio,
     # S_0 = 0 (q of a drawn draft is never 0; p 0: log -inf, every later w 0).
     logs = torch.cat([torch.zeros(1, dtype=pd.dtype, device=pd.device), (pd / qd.clamp_min(tiny)).log().cumsum(0)])
     w = torch.exp(logs - logs.cummax(0).values)  # [k + 1], w_0 = 1
-    q_dense = torch.zeros(k, vocab, dtype=q.probs.dtype, device=q.probs.device)  # q's rows on p's ids
-    q_dense.scatter_add_(1, q.ids[:k], q.probs[:k])
-    residual = (w[:k, None] * p.probs[:k] - q_dense.gather(1, p.ids[:k])).clamp_min(0)  # [k, P]
-    mass = residual.sum(-1)
+    # m_i = w_i sum(p_i) - sum(min(w_i p_i, q_i)), the second sum over q's ids (p read there): no dense row of q.
+    overlap = torch.minimum(w[:k, None] * p[:k].at(q.ids[:k], vocab), q.probs[:k]).sum(-1)
+    mass = (w[:k] * p.probs[:k].sum(-1) - overlap).clamp_min(0)
     room = mass + 1 - w[:k]
     h = torch.where(room > 0, mass / room.clamp_min(tiny), 1.0)  # w_i = 1 and no residual: the first i kept
-    return torch.cat([h[1:], w[k:]]), torch.cat([residual, p.probs[k:k + 1]])
+    return torch.cat([h[1:], w[k:]]), w
+
+
+def next_weights(n: torch.Tensor, w: torch.Tensor, q: Filtered, p: Filtered, vocab: int) -> torch.Tensor:
+    """The next token's unnormalised distribution on p's row n ids when the first n drafts (a device scalar) are
+    kept: max(w_n p_n - q_n, 0), and w_k p_k (p's last row) when all k are."""
+    k = w.shape[0] - 1
+    row, at = n.view(1), n.clamp(max=k - 1).view(1)
+    p_row = p.ids.index_select(0, row)
+    q_on_p = Filtered(q.ids.index_select(0, at), q.probs.index_select(0, at)).at(p_row, vocab)[0] * (n < k)
+    return (w.index_select(0, row) * p.probs.index_select(0, row)[0] - q_on_p).clamp_min(0)
 
 
 def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,12 +304,11 @@ def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> t
     k = drafts.shape[0]
     if k == 0:
         return torch.zeros((), dtype=torch.long, device=drafts.device), draw(p[:1], gen)[0]
-    h, weights = block_weights(drafts, q, p, vocab)
+    h, w = block_weights(drafts, q, p, vocab)
     u = torch.rand(k, generator=gen, device=drafts.device)
     n = ((u < h) * torch.arange(1, k + 1, device=drafts.device)).max()  # the last draft kept, 0: none
-    row = n.view(1)
-    weights = weights.index_select(0, row)[0]
-    p_ids, p_probs = p.ids.index_select(0, row)[0], p.probs.index_select(0, row)[0]
+    weights = next_weights(n, w, q, p, vocab)
+    p_ids, p_probs = p.ids.index_select(0, n.view(1))[0], p.probs.index_select(0, n.view(1))[0]
     weights = torch.where(weights.sum() > 0, weights, p_probs)
     return n, p_ids.gather(0, race(weights, gen).view(1))[0]  # (indexing by a 0-d tensor would read it on the host)
 
@@ -322,6 +335,6 @@ def verdict(ids: torch.Tensor, logits: torch.Tensor, mode: str, feed=None) -> to
 def accept_sampled(drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, gen):
     """accept() on dense rows: drafts [k] drawn from draft_probs [k, V], target_probs [k+1, V]."""
     def dense(probs):
-        return Filtered(torch.arange(probs.shape[-1], device=probs.device).expand(probs.shape), probs)
+        return Filtered(torch.arange(probs.shape[-1], device=probs.device).expand(probs.shape), probs, ordered=True)
 
     return accept(drafts, dense(draft_probs), dense(target_probs), target_probs.shape[-1], gen)
