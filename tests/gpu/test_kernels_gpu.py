@@ -314,6 +314,18 @@ def test_sampling_top_k_matches_torch():
             assert torch.allclose(got.dense(vocab), ref.dense(vocab), atol=1e-6), (rows, vocab)
 
 
+def test_sampled_verdict_matches_torch():
+    """The block-verification verdict compiled (kernels/sampling.accept) against the torch code on the same noise:
+    every count of accepted drafts, each the same count and next token (tests/verdict_check.py)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from verdict_check import check_verdicts
+
+    check_verdicts("cuda", trials=60)
+
+
 def test_dflash2_kernels_match_reference_bf16():
     """DFlash 2's convolution, selector scores and walk (kernels/dflash2.py) in bf16 at the Qwen3-4B drafter's shapes
     (H 2560, groups of 16, 2 taps, rank 256, K 16, 7 draft rows) against the torch code on CPU: the convolution to
