@@ -12,8 +12,9 @@ chi-square distribution (computed from torch.special.gammainc, no scipy).
    p_i(draft), and after a rejection the token follows p_i with the draft removed; a certain draft (p = 1)
    always passes; k = 0.
 1c. Exactly, in float64: whole generations of four tokens over a 3-token vocabulary, with target and draft rows
-   that depend on the prefix, composed from block_weights over every draft block and outcome, equal the target's
-   distribution, for blocks of 1 to 3 drafts.
+   that depend on the prefix, composed from block_weights and next_weights over every draft block and outcome,
+   equal the target's distribution, for blocks of 1 to 3 drafts, rows in vocabulary order or each in its own
+   (q's padded, as a sampler's buffer holds them).
 2. End to end on a target with an 8-token vocabulary: the joint distribution of the first three
    generated tokens (the last two from a speculative step) with a DFlash, a DFlash 2 (its selector's sampled walk,
    q the walk's rows over 4 candidates; selector off: argmax drafts, q one-hot) and an EAGLE-3 drafter,
@@ -342,8 +343,20 @@ def prefix_rows(prefix: tuple, salt: int, v: int = 3) -> torch.Tensor:
     return w / w.sum()
 
 
-def one_step(prefix: tuple, k: int) -> dict:
-    """The exact distribution of a step's emitted tokens (drafts kept + the next), every draft block and outcome."""
+def as_buffer(rows: torch.Tensor, salt: int, pad: int) -> Filtered:
+    """Rows as a sampler's buffer may hold them: each row's ids in its own order, then `pad` columns of id 0 at
+    probability 0."""
+    g = torch.Generator().manual_seed(salt)
+    perm = torch.stack([torch.randperm(rows.shape[1], generator=g) for _ in range(rows.shape[0])])
+    ids = torch.cat([perm, torch.zeros(rows.shape[0], pad, dtype=torch.long)], 1)
+    probs = torch.cat([rows.gather(1, perm), torch.zeros(rows.shape[0], pad, dtype=rows.dtype)], 1)
+    return Filtered(ids, probs)
+
+
+def one_step(prefix: tuple, k: int, layout: str) -> dict:
+    """The exact distribution of a step's emitted tokens (drafts kept + the next), every draft block and outcome.
+    layout "dense": rows over the vocabulary in order, read both ways block by block (ordered: a gather; not: as a
+    buffer holds them); "buffer": every row's ids in an order of its own, q's with a padding column."""
     out: dict = {}
     for block in itertools.product(range(3), repeat=k):
         q = torch.stack([prefix_rows(prefix + block[:i], 1) for i in range(k)])
@@ -351,29 +364,33 @@ def one_step(prefix: tuple, k: int) -> dict:
         if weight == 0:
             continue
         p = torch.stack([prefix_rows(prefix + block[:i], 0) for i in range(k + 1)])
-        # Rows read both ways, block by block: ordered (a gather) and as a buffer holds them (compared, or dense).
-        ordered = sum(block) % 2 == 0
-        q_rows, p_rows = dense(q, ordered=not ordered), dense(p, ordered=ordered)
+        if layout == "dense":
+            ordered = sum(block) % 2 == 0
+            q_rows, p_rows = dense(q, ordered=not ordered), dense(p, ordered=ordered)
+        else:
+            salt = sum((t + 1) * 5 ** i for i, t in enumerate(prefix + block))
+            q_rows, p_rows = as_buffer(q, salt, 1), as_buffer(p, salt + 1, 0)
         h, w = block_weights(torch.tensor(block), q_rows, p_rows, 3)
         for n, odds in enumerate(kept_odds(h).tolist()):
             if odds > 0:
                 row = next_weights(torch.tensor(n), w, q_rows, p_rows, 3)
-                nxt = row / row.sum() if row.sum() > 0 else p[n]
-                for t, pt in enumerate(nxt.tolist()):
-                    key = block[:n] + (t,)
+                nxt = row / row.sum() if row.sum() > 0 else p_rows.probs[n]
+                for j, pt in enumerate(nxt.tolist()):
+                    key = block[:n] + (int(p_rows.ids[n, j]),)
                     out[key] = out.get(key, 0.0) + float(weight) * odds * pt
     return out
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_block_verification_is_exactly_lossless(k):
+@pytest.mark.parametrize("layout", ["dense", "buffer"])
+def test_block_verification_is_exactly_lossless(k, layout):
     length = 4
 
     def generations(prefix: tuple) -> dict:
         if len(prefix) >= length:
             return {prefix[:length]: 1.0}
         out: dict = {}
-        for emitted, w in one_step(prefix, k).items():
+        for emitted, w in one_step(prefix, k, layout).items():
             for seq, v in generations(prefix + emitted).items():
                 out[seq] = out.get(seq, 0.0) + w * v
         return out
@@ -384,7 +401,7 @@ def test_block_verification_is_exactly_lossless(k):
         assert abs(got.get(seq, 0.0) - want) < 1e-12, (seq, got.get(seq), want)
     # And a step keeps at least as many as token by token, on average: sum over blocks of q(block) times
     # sum_i prod_{j <= i} min(1, p_j / q_j).
-    emitted = sum(len(e) * w for e, w in one_step((), k).items())
+    emitted = sum(len(e) * w for e, w in one_step((), k, layout).items())
     token = 1.0
     for block in itertools.product(range(3), repeat=k):
         q = torch.stack([prefix_rows(block[:i], 1)[block[i]] for i in range(k)])

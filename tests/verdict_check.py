@@ -23,7 +23,7 @@ def want_accept(drafts, q, p, vocab, noise, rows):
     return int(n), int(tok)
 
 
-def check_verdicts(device: str, trials: int = 24, vocab: int = 500) -> None:
+def check_verdicts(device: str, trials: int = 28, vocab: int = 500) -> None:
     """The q rows sit in a buffer of MAX_ROWS whose rows from k on hold another proposal's (row k one near p's: when
     every draft is kept q is not read there), and p is close to q, so that every count of accepted drafts comes up,
     all k of them included."""
@@ -33,7 +33,7 @@ def check_verdicts(device: str, trials: int = 24, vocab: int = 500) -> None:
     s.load(SamplingParams(0.8, 0.95, 30))
     seen = set()
     for trial in range(trials):
-        k = (0, 1, 2, 3, 7, 15)[trial % 6]
+        k = (0, 1, 2, 3, 7, 15, 31)[trial % 7]  # 31: a step of the most rows (MAX_STEP_ROWS 32)
         z = torch.randn(k + 1, vocab, generator=g) * 2
         p = sampling.filtered(z, TOP_K, s)
         buffer = sampling.filtered(torch.randn(sampling.MAX_ROWS, vocab, generator=g) * 2, TOP_K, s)

@@ -268,7 +268,7 @@ def _accept_kernel(ids_ptr, k, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr, p_pr
     for i in range(0, k):
         mass = tl.where(r == i, _residual_mass(i, weight, r, c, w, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr,
                                                p_probs_ptr, p_stride), mass)
-    room = mass + 1.0 - weight
+    room = mass + (1.0 - weight)  # sampling.block_weights' rounding
     h = tl.where(r < k, tl.where(room > 0, mass / tl.maximum(room, TINY), 1.0), weight)  # h_r; h_k = w_k
     u = tl.load(noise_ptr + r - 1, mask=(r >= 1) & (r <= k), other=1.0)  # u_r: the uniform of draft r
     n = tl.max(tl.where((r >= 1) & (r <= k) & (u < h), r, 0), 0)  # the last row kept (none: 0)

@@ -70,14 +70,17 @@ class Filtered:
     ordered: bool = False
 
     def __getitem__(self, rows) -> "Filtered":
-        return Filtered(self.ids[rows], self.probs[rows], self.ordered)
+        """Rows (not columns: a column slice is not in vocabulary order)."""
+        return Filtered(self.ids[rows], self.probs[rows], self.ordered and not isinstance(rows, tuple))
 
     def at(self, ids: torch.Tensor, vocab: int) -> torch.Tensor:
-        """Each row's probabilities of `ids` [R, n] (0 for an id not among the row's): a gather where ordered."""
+        """Each row's probabilities of `ids` [R, n] (0 for an id not among the row's): a gather where ordered; a
+        comparison of the ids ([R, n, K], as the verdict kernel's) where no larger than a dense row or the top-k
+        mode's 64 x 64; else the dense rows' gather."""
         if self.ordered:
             return self.probs.gather(1, ids)
-        if ids.shape[1] == 1:
-            return ((self.ids == ids) * self.probs).sum(-1, keepdim=True)
+        if ids.shape[1] * self.ids.shape[1] <= max(vocab, K_MAX * K_MAX):
+            return ((self.ids[:, None, :] == ids[:, :, None]) * self.probs[:, None, :]).sum(-1)
         return self.dense(vocab).gather(1, ids)
 
     def write(self, rows: "Filtered") -> "Filtered":
@@ -279,22 +282,25 @@ def block_weights(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int) ->
     # S_0 = 0 (q of a drawn draft is never 0; p 0: log -inf, every later w 0).
     logs = torch.cat([torch.zeros(1, dtype=pd.dtype, device=pd.device), (pd / qd.clamp_min(tiny)).log().cumsum(0)])
     w = torch.exp(logs - logs.cummax(0).values)  # [k + 1], w_0 = 1
-    # m_i = w_i sum(p_i) - sum(min(w_i p_i, q_i)), the second sum over q's ids (p read there): no dense row of q.
-    overlap = torch.minimum(w[:k, None] * p[:k].at(q.ids[:k], vocab), q.probs[:k]).sum(-1)
-    mass = (w[:k] * p.probs[:k].sum(-1) - overlap).clamp_min(0)
-    room = mass + 1 - w[:k]
+    if p.ordered:  # m_i = w_i sum(p_i) - sum(min(w_i p_i, q_i)) over q's ids: p gathered, no dense row of q
+        overlap = torch.minimum(w[:k, None] * p[:k].at(q.ids[:k], vocab), q.probs[:k]).sum(-1)
+        mass = (w[:k] * p.probs[:k].sum(-1) - overlap).clamp_min(0)
+    else:  # the residual itself over p's ids (narrow in the top-k mode): as the verdict kernel sums it
+        mass = (w[:k, None] * p.probs[:k] - q[:k].at(p.ids[:k], vocab)).clamp_min(0).sum(-1)
+    room = mass + (1 - w[:k])  # (1 - w exact: a mass below half an ulp of 1 is not rounded away)
     h = torch.where(room > 0, mass / room.clamp_min(tiny), 1.0)  # w_i = 1 and no residual: the first i kept
     return torch.cat([h[1:], w[k:]]), w
 
 
 def next_weights(n: torch.Tensor, w: torch.Tensor, q: Filtered, p: Filtered, vocab: int) -> torch.Tensor:
     """The next token's unnormalised distribution on p's row n ids when the first n drafts (a device scalar) are
-    kept: max(w_n p_n - q_n, 0), and w_k p_k (p's last row) when all k are."""
+    kept: max(w_n p_n - q_n, 0), and p's last row itself when all k are."""
     k = w.shape[0] - 1
     row, at = n.view(1), n.clamp(max=k - 1).view(1)
     p_row = p.ids.index_select(0, row)
     q_on_p = Filtered(q.ids.index_select(0, at), q.probs.index_select(0, at)).at(p_row, vocab)[0] * (n < k)
-    return (w.index_select(0, row) * p.probs.index_select(0, row)[0] - q_on_p).clamp_min(0)
+    scale = torch.where(n < k, w.index_select(0, row), 1.0)
+    return (scale * p.probs.index_select(0, row)[0] - q_on_p).clamp_min(0)
 
 
 def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> tuple[torch.Tensor, torch.Tensor]:

@@ -316,14 +316,15 @@ def test_sampling_top_k_matches_torch():
 
 def test_sampled_verdict_matches_torch():
     """The block-verification verdict compiled (kernels/sampling.accept) against the torch code on the same noise:
-    every count of accepted drafts, each the same count and next token (tests/verdict_check.py)."""
+    every count of accepted drafts, each the same count and next token (tests/verdict_check.py): equal but for
+    rounding (the compiled code divides and exponentiates approximately), a flip needing a uniform within ulps of h."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from verdict_check import check_verdicts
 
-    check_verdicts("cuda", trials=60)
+    check_verdicts("cuda", trials=70)
 
 
 def test_dflash2_kernels_match_reference_bf16():
