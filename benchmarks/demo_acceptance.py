@@ -105,7 +105,7 @@ for name, folder in drafters.items():
             span[1] += len(s.emitted)
             done += len(s.emitted)
         by_seed[round_][0] += len(res.steps)
-        by_seed[round_][1] += sum(len(s.emitted) for s in res.steps)
+        by_seed[round_][1] += done
     steps = sum(hist.values())
     tau = sum(t for _, t in by_span.values()) / steps
     reach = [sum(v for k, v in hist.items() if k >= j) for j in range(max(hist) + 2)]

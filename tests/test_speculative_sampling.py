@@ -373,10 +373,9 @@ def one_step(prefix: tuple, k: int, layout: str) -> dict:
         h, w = block_weights(torch.tensor(block), q_rows, p_rows, 3)
         for n, odds in enumerate(kept_odds(h).tolist()):
             if odds > 0:
-                row = next_weights(torch.tensor(n), w, q_rows, p_rows, 3)
-                nxt = row / row.sum() if row.sum() > 0 else p_rows.probs[n]
-                for j, pt in enumerate(nxt.tolist()):
-                    key = block[:n] + (int(p_rows.ids[n, j]),)
+                ids, row = next_weights(torch.tensor(n), w, q_rows, p_rows, 3)
+                for token, pt in zip(ids.tolist(), (row / row.sum()).tolist()):
+                    key = block[:n] + (token,)
                     out[key] = out.get(key, 0.0) + float(weight) * odds * pt
     return out
 

@@ -247,7 +247,7 @@ def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _accept_kernel(ids_ptr, k, q_ids_ptr, q_probs_ptr, q_stride, p_ids_ptr, p_probs_ptr, p_stride, noise_ptr,
                    out_ptr, R: tl.constexpr, K: tl.constexpr, W: tl.constexpr):
     r = tl.arange(0, R)
-    j = tl.arange(0, R)[None, :]  # the other rows, against r[:, None]
+    j = r[None, :]  # the other rows, against r[:, None]
     c = tl.arange(0, K)
     w = tl.arange(0, W)
     drafting = r < k

@@ -292,15 +292,16 @@ def block_weights(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int) ->
     return torch.cat([h[1:], w[k:]]), w
 
 
-def next_weights(n: torch.Tensor, w: torch.Tensor, q: Filtered, p: Filtered, vocab: int) -> torch.Tensor:
-    """The next token's unnormalised distribution on p's row n ids when the first n drafts (a device scalar) are
-    kept: max(w_n p_n - q_n, 0), and p's last row itself when all k are."""
+def next_weights(n: torch.Tensor, w: torch.Tensor, q: Filtered, p: Filtered, vocab: int):
+    """The next token's candidates and unnormalised distribution when the first n drafts (a device scalar) are kept:
+    p's row n ids [P] and max(w_n p_n - q_n, 0) on them, p's last row itself when all k are, and p's row n where
+    the residual is empty."""
     k = w.shape[0] - 1
     row, at = n.view(1), n.clamp(max=k - 1).view(1)
-    p_row = p.ids.index_select(0, row)
-    q_on_p = Filtered(q.ids.index_select(0, at), q.probs.index_select(0, at)).at(p_row, vocab)[0] * (n < k)
-    scale = torch.where(n < k, w.index_select(0, row), 1.0)
-    return (scale * p.probs.index_select(0, row)[0] - q_on_p).clamp_min(0)
+    p_ids, p_probs = p.ids.index_select(0, row), p.probs.index_select(0, row)[0]
+    q_on_p = Filtered(q.ids.index_select(0, at), q.probs.index_select(0, at)).at(p_ids, vocab)[0] * (n < k)
+    weights = (torch.where(n < k, w.index_select(0, row), 1.0) * p_probs - q_on_p).clamp_min(0)
+    return p_ids[0], torch.where(weights.sum() > 0, weights, p_probs)
 
 
 def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,10 +314,8 @@ def accept(drafts: torch.Tensor, q: Filtered, p: Filtered, vocab: int, gen) -> t
     h, w = block_weights(drafts, q, p, vocab)
     u = torch.rand(k, generator=gen, device=drafts.device)
     n = ((u < h) * torch.arange(1, k + 1, device=drafts.device)).max()  # the last draft kept, 0: none
-    weights = next_weights(n, w, q, p, vocab)
-    p_ids, p_probs = p.ids.index_select(0, n.view(1))[0], p.probs.index_select(0, n.view(1))[0]
-    weights = torch.where(weights.sum() > 0, weights, p_probs)
-    return n, p_ids.gather(0, race(weights, gen).view(1))[0]  # (indexing by a 0-d tensor would read it on the host)
+    ids, weights = next_weights(n, w, q, p, vocab)
+    return n, ids.gather(0, race(weights, gen).view(1))[0]  # (indexing by a 0-d tensor would read it on the host)
 
 
 def verdict(ids: torch.Tensor, logits: torch.Tensor, mode: str, feed=None) -> torch.Tensor:
