@@ -47,7 +47,7 @@ if [ "$KEEP_TARGET" = 1 ]; then
   [ -f "$W/target/model.safetensors" ] || { mkdir -p "$W/target"; cp dflash_cli/demo/target/* "$W/target/"; }
   [ -f "$W/training_info.json" ] || cp dflash_cli/demo/training_info.json "$W/"  # the target's record, kept
 fi
-ls $CARRY/distill.tar.* >/dev/null 2>&1 && [ ! -d "$W/work/distill" ] && cat $CARRY/distill.tar.* | tar -C "$W/work" -xf -
+ls $CARRY/distill.tar.* >/dev/null 2>&1 && [ ! -d "$W/work/distill" ] && cat $CARRY/distill.tar.* | gzip -dcf | tar -C "$W/work" -xf -
 ls $CARRY/run.tar.* >/dev/null 2>&1 && cat $CARRY/run.tar.* | tar -C "$W" -xf -
 
 STDLIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')

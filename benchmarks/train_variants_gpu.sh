@@ -9,8 +9,11 @@
 #   run(command='VARIANTS="dflash_target_layers=(0,2,3,5,6);dflash_steps=5500|eagle3:eagle3_layers=(1,4,7)"
 #       bash benchmarks/train_variants_gpu.sh', timeout_s=600, carry=["benchmarks/carry"])
 #
-# The distillation data comes from CALL=1 of train_demo_gpu.sh (carry benchmarks/carry). Returns run.tar.* with
-# v1/, v2/, ... (each a training folder: training_info.json and work/dflash-b16 or eagle3) and the logs. Then, here:
+# The distillation data comes from benchmarks/carry/distill.tar.* where carried (a tar of work/distill, gzipped or
+# not), or is made first (H200: 190 s, H100: 232 s). Returns run.tar.* with logs/, v1/, v2/, ... (each a training
+# folder: training_info.json and work/dflash-b16, eagle3 or dflash2) and, where it was made here, distill.tgz (11 MB:
+# the next call's benchmarks/carry/distill.tar.0). $OUT must hold nothing else (a call returns at most 8 files: the
+# GPU tests' JSON files in the same call once crowded the results out). Then, here:
 # benchmarks/demo_acceptance.py NAME=FOLDER ... (held-out τ and acceptance along the draft), and for a winner the
 # target and tokenizer copied in and `--stages block,evaluate` on the CPU (train_demo_gpu.sh's last lines).
 set -o pipefail
@@ -48,10 +51,11 @@ for key in ("dflash-b16", "dflash-b8", "eagle3", "block", "evaluate", "selector"
 info.pop("block_choice", None), info.pop("evaluation", None)
 json.dump(info, open(sys.argv[1], "w"), indent=2)
 EOF
-cat "$CARRY"/distill.tar.* | tar -C "$BASE/work" -xf -
 STDLIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 PURELIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-python -m dflash_cli train "$BASE" --preset demo --device "$DEVICE" --data "$STDLIB" --data "$PURELIB" --stages target \
+if compgen -G "$CARRY/distill.tar.*" > /dev/null; then  # the data carried, or made here (H200: 190 s) and returned
+  cat "$CARRY"/distill.tar.* | gzip -dcf | tar -C "$BASE/work" -xf -; STAGE=target; else STAGE=distill; fi
+python -m dflash_cli train "$BASE" --preset demo --device "$DEVICE" --data "$STDLIB" --data "$PURELIB" --stages $STAGE \
   2>&1 | tee "$OUT/data.log"
 
 copy() {  # hard links, but the record and the lock file (a lock taken through one link holds them all) are new
@@ -69,7 +73,10 @@ for i in "${!VARS[@]}"; do
 done
 wait
 grep -h "dflash-b16\|eagle3\|selector\|paused\|error" "$OUT"/v*.log
-cd /tmp && tar -cf - $(ls -d v[0-9]*/training_info.json v[0-9]*/work/dflash-b16/*.json v[0-9]*/work/dflash-b16/*.safetensors \
-  v[0-9]*/eagle3 v[0-9]*/dflash2 2>/dev/null) \
+# One stream back (at most 8 files of 16 MiB): the logs, the variants, then the distillation data where it was made.
+mkdir -p /tmp/logs && mv "$OUT"/* /tmp/logs/
+[ $STAGE = distill ] && tar -C "$BASE/work" -czf /tmp/distill.tgz distill
+cd /tmp && tar -cf - logs $(ls -d v[0-9]*/training_info.json v[0-9]*/work/dflash-b16/*.json \
+  v[0-9]*/work/dflash-b16/*.safetensors v[0-9]*/eagle3 v[0-9]*/dflash2 distill.tgz 2>/dev/null) \
   | split -b 15m -d - "$OUT/run.tar."
 ls -la "$OUT"
