@@ -53,7 +53,7 @@ json.dump(info, open(sys.argv[1], "w"), indent=2)
 EOF
 STDLIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 PURELIB=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-if compgen -G "$CARRY/distill.tar.*" > /dev/null; then  # the data carried, or made here (H200: 190 s) and returned
+if compgen -G "$CARRY/distill.tar.*" > /dev/null; then  # the data carried, or made here and returned
   cat "$CARRY"/distill.tar.* | gzip -dcf | tar -C "$BASE/work" -xf -; STAGE=target; else STAGE=distill; fi
 python -m dflash_cli train "$BASE" --preset demo --device "$DEVICE" --data "$STDLIB" --data "$PURELIB" --stages $STAGE \
   2>&1 | tee "$OUT/data.log"
